@@ -1,0 +1,127 @@
+// Device helpers shared by every gnext kernel: float conversion, 16-byte vector
+// loads/stores, Welford states and their merge (Chan et al.), deterministic warp/block
+// reductions, and a 32-bit fast divider.
+#pragma once
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gnext {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  return static_cast<float>(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vector access: V elements of T, V * sizeof(T) <= 16 bytes, pointer aligned to V * sizeof(T).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void load_vec(const T* p, float* out) {
+  const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int j = 0; j < V; ++j) out[j] = to_float(pk.v[j]);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_vec(T* p, const float* in) {
+  Pack<T, V> pk;
+#pragma unroll
+  for (int j = 0; j < V; ++j) pk.v[j] = static_cast<T>(in[j]);
+  *reinterpret_cast<Pack<T, V>*>(p) = pk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Welford state: mean, M2 = sum((x - mean)^2) and count, all float32.
+struct WelfordState {
+  float mean, m2, n;
+};
+
+// Chan's parallel merge of two Welford states. Deterministic for a fixed merge order.
+__device__ __forceinline__ WelfordState welford_merge(const WelfordState& a, const WelfordState& b) {
+  const float n = a.n + b.n;
+  if (n == 0.f) return a;
+  const float wb = __fdividef(b.n, n);
+  const float delta = b.mean - a.mean;
+  return {fmaf(delta, wb, a.mean), a.m2 + b.m2 + delta * delta * a.n * wb, n};
+}
+
+// Exact two-pass statistics of P values held in registers (no cancellation).
+template <int P>
+__device__ __forceinline__ WelfordState welford_of(const float* v) {
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < P; ++j) sum += v[j];
+  const float mean = sum * (1.f / P);
+  float m2 = 0.f;
+#pragma unroll
+  for (int j = 0; j < P; ++j) m2 = fmaf(v[j] - mean, v[j] - mean, m2);
+  return {mean, m2, static_cast<float>(P)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions with a fixed combination order (bitwise reproducible run to run).
+__device__ __forceinline__ WelfordState shfl_xor(const WelfordState& s, int mask) {
+  return {__shfl_xor_sync(0xffffffffu, s.mean, mask), __shfl_xor_sync(0xffffffffu, s.m2, mask),
+          __shfl_xor_sync(0xffffffffu, s.n, mask)};
+}
+__device__ __forceinline__ float2 shfl_xor(const float2& s, int mask) {
+  return {__shfl_xor_sync(0xffffffffu, s.x, mask), __shfl_xor_sync(0xffffffffu, s.y, mask)};
+}
+
+struct WelfordOp {
+  using T = WelfordState;
+  __device__ static T identity() { return {0.f, 0.f, 0.f}; }
+  __device__ static T combine(const T& a, const T& b) { return welford_merge(a, b); }
+};
+struct Sum2Op {
+  using T = float2;
+  __device__ static T identity() { return {0.f, 0.f}; }
+  __device__ static T combine(const T& a, const T& b) { return {a.x + b.x, a.y + b.y}; }
+};
+
+template <typename Op>
+__device__ __forceinline__ typename Op::T warp_reduce(typename Op::T v) {
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) v = Op::combine(v, shfl_xor(v, mask));
+  return v;
+}
+
+// Block-wide reduction; blockDim.x must be a multiple of 32. The result is returned to every
+// thread. `scratch` holds 33 values of Op::T; the call ends with a barrier so it can be reused.
+template <typename Op>
+__device__ typename Op::T block_reduce(typename Op::T v, typename Op::T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_reduce<Op>(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nwarps ? scratch[lane] : Op::identity();
+    v = warp_reduce<Op>(v);
+    if (lane == 0) scratch[32] = v;
+  }
+  __syncthreads();
+  v = scratch[32];
+  __syncthreads();
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Division of n < 2^31 by a fixed divisor d in [1, 2^31) with a multiply-high (Granlund-Montgomery).
+struct FastDivmod {
+  uint32_t divisor = 1, multiplier = 1, shift = 0;
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t d) : divisor(d) {
+    while ((1ull << shift) < d) ++shift;
+    multiplier = static_cast<uint32_t>(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, multiplier) + n) >> shift; }
+};
+
+}  // namespace gnext

@@ -1,0 +1,337 @@
+// GroupNorm CUDA kernels (Wu & He 2018): y = (x - mean[n,g]) * rstd[n,g] * gamma[c] + beta[c],
+// rstd = 1 / sqrt(var + eps), var the biased variance over the D = C/G channels x HxW positions
+// of group g of sample n.
+//
+// Both directions are a per-channel reduction, a tiny per-(n, g) finalize, then one
+// elementwise pass with per-(n, c) coefficients:
+//   forward : Welford partials of x       -> mean, rstd, coef = (mean, rstd*gamma, 0, beta)
+//   backward: partial sums of dy*(x-mean), dy -> coef = (mean, c2, rstd*gamma, c3), dgamma/dbeta
+//   pass    : out = coef.y * (x - coef.x) + coef.z * dy + coef.w
+// Every reduction combines in a fixed order (no float atomics): results are bitwise
+// reproducible. Offsets are int64. Two memory layouts:
+//   NCHW: contiguous (N*C rows of HxW); a CTA reduces one chunk of one row.
+//   NHWC: channels_last (N, HxW rows of C); a CTA reduces a range of rows, all C channels.
+#pragma once
+#include "../common/device_utils.cuh"
+
+namespace gnext {
+namespace gn {
+
+constexpr int kUnroll = 4;        // independent vector loads in flight per thread
+constexpr int kMaxThreads = 512;  // block size cap of every kernel below
+
+// ---------------------------------------------------------------------------------------------
+// What a reduction accumulates per channel.
+struct MomentsReducer {  // forward: Welford statistics of x
+  using Op = WelfordOp;
+  using State = WelfordState;
+  static constexpr bool kNeedsDy = false;
+  template <int P>
+  __device__ static void accumulate(State& s, const float* x, const float*, float) {
+    s = welford_merge(s, welford_of<P>(x));
+  }
+};
+
+struct GradReducer {  // backward: (sum dy * (x - mean), sum dy)
+  using Op = Sum2Op;
+  using State = float2;
+  static constexpr bool kNeedsDy = true;
+  template <int P>
+  __device__ static void accumulate(State& s, const float* x, const float* dy, float mu) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      s.x = fmaf(dy[j], x[j] - mu, s.x);
+      s.y += dy[j];
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// NCHW reduction. grid = (N*C rows, K chunks of HxW); partial[(row * K) + k].
+// `chunk` is a multiple of V; HxW % V == 0 when V > 1.
+template <typename T, int V, typename R>
+__global__ void __launch_bounds__(kMaxThreads)
+    reduce_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
+                       typename R::State* __restrict__ partial, int64_t HxW, int64_t chunk, int64_t C, int64_t D,
+                       int64_t G) {
+  using State = typename R::State;
+  __shared__ State scratch[33];
+  const int64_t row = blockIdx.x;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t len = min(HxW, h0 + chunk) - h0;
+  const int64_t off = row * HxW + h0;
+  float mu = 0.f;
+  if constexpr (R::kNeedsDy) mu = mean[(row / C) * G + (row % C) / D];
+
+  State s = R::Op::identity();
+  const int64_t nvec = len / V, bs = blockDim.x;
+  int64_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * bs < nvec; i += kUnroll * bs) {
+    float xs[kUnroll * V], ds[kUnroll * V];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      load_vec<T, V>(x + off + (i + u * bs) * V, xs + u * V);
+      if constexpr (R::kNeedsDy) load_vec<T, V>(dy + off + (i + u * bs) * V, ds + u * V);
+    }
+    R::template accumulate<kUnroll * V>(s, xs, ds, mu);
+  }
+  for (; i < nvec; i += bs) {
+    float xs[V], ds[V];
+    load_vec<T, V>(x + off + i * V, xs);
+    if constexpr (R::kNeedsDy) load_vec<T, V>(dy + off + i * V, ds);
+    R::template accumulate<V>(s, xs, ds, mu);
+  }
+  s = block_reduce<typename R::Op>(s, scratch);
+  if (threadIdx.x == 0) partial[row * gridDim.y + blockIdx.y] = s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// NHWC reduction. grid = (N, K ranges of `rchunk` rows); partial[(n * K + k) * C + c].
+// Thread t owns channel vectors cv = t % tpr (+ tpr, ...) and rows t / tpr (+ rpi, ...);
+// dynamic shared memory holds rpi * C states.
+template <typename T, int V, typename R>
+__global__ void __launch_bounds__(kMaxThreads)
+    reduce_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
+                       typename R::State* __restrict__ partial, int64_t rows, int64_t rchunk, int C, int D, int G,
+                       int tpr, int rpi) {
+  using State = typename R::State;
+  extern __shared__ unsigned char smem_raw[];
+  State* sm = reinterpret_cast<State*>(smem_raw);
+  const int64_t n = blockIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
+  const int lane_c = threadIdx.x % tpr, lane_r = threadIdx.x / tpr;
+  const int CV = C / V;
+  const T* xb = x + n * rows * C;
+  const T* db = R::kNeedsDy ? dy + n * rows * C : nullptr;
+
+  if (lane_r < rpi) {
+    for (int cv = lane_c; cv < CV; cv += tpr) {
+      const int c0 = cv * V;
+      float mu[V];
+      State s[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        mu[j] = R::kNeedsDy ? mean[n * G + (c0 + j) / D] : 0.f;
+        s[j] = R::Op::identity();
+      }
+      int64_t r = r0 + lane_r;
+      for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
+        float xs[kUnroll][V], ds[kUnroll][V];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          load_vec<T, V>(xb + (r + u * rpi) * C + c0, xs[u]);
+          if constexpr (R::kNeedsDy) load_vec<T, V>(db + (r + u * rpi) * C + c0, ds[u]);
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          float xj[kUnroll], dj[kUnroll];
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            xj[u] = xs[u][j];
+            dj[u] = ds[u][j];
+          }
+          R::template accumulate<kUnroll>(s[j], xj, dj, mu[j]);
+        }
+      }
+      for (; r < r1; r += rpi) {
+        float xs[V], ds[V];
+        load_vec<T, V>(xb + r * C + c0, xs);
+        if constexpr (R::kNeedsDy) load_vec<T, V>(db + r * C + c0, ds);
+#pragma unroll
+        for (int j = 0; j < V; ++j) R::template accumulate<1>(s[j], xs + j, ds + j, mu[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) sm[lane_r * C + c0 + j] = s[j];
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    State s = sm[c];
+    for (int q = 1; q < rpi; ++q) s = R::Op::combine(s, sm[q * C + c]);
+    partial[(n * gridDim.y + blockIdx.y) * C + c] = s;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-channel partials of one (n, c) are at partial[n * s_n + c * s_c + k * s_k], k < K.
+struct PartialLayout {
+  int64_t K, s_n, s_c, s_k;
+};
+
+// Forward finalize, one CTA per (n, g): merge the D*K Welford partials of the group, write
+// mean/rstd and the per-channel coefficients (mean, rstd * gamma, 0, beta).
+template <typename W>
+__global__ void __launch_bounds__(256)
+    finalize_forward_kernel(const WelfordState* __restrict__ partial, PartialLayout L, const W* __restrict__ gamma,
+                            const W* __restrict__ beta, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                            float4* __restrict__ coef, int64_t C, int64_t G, float eps) {
+  __shared__ WelfordState scratch[33];
+  const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, D = C / G;
+  const WelfordState* p = partial + n * L.s_n + g * D * L.s_c;
+  WelfordState s = WelfordOp::identity();
+  for (int64_t j = threadIdx.x; j < D * L.K; j += blockDim.x) {
+    const int64_t d = j / L.K, k = j - d * L.K;
+    s = welford_merge(s, p[d * L.s_c + k * L.s_k]);
+  }
+  s = block_reduce<WelfordOp>(s, scratch);
+  const float var = fmaxf(s.m2 / s.n, 0.f);
+  const float rstd = rsqrtf(var + eps);
+  if (threadIdx.x == 0) {
+    mean_out[ng] = s.mean;
+    rstd_out[ng] = rstd;
+  }
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const int64_t c = g * D + d;
+    const float w = gamma ? to_float(gamma[c]) : 1.f, b = beta ? to_float(beta[c]) : 0.f;
+    coef[n * C + c] = make_float4(s.mean, rstd * w, 0.f, b);
+  }
+}
+
+// Backward finalize, one CTA per (n, g): per-channel sums (sum dy*(x-mean), sum dy) into dsum
+// (for dgamma/dbeta) and the dx coefficients (mean, c2, rstd * gamma, c3) with
+//   c2 = -rstd^3 * sum_c gamma*sum dy*(x-mean) / (D*HxW),  c3 = -rstd * sum_c gamma*sum dy / (D*HxW).
+template <typename W>
+__global__ void __launch_bounds__(256)
+    finalize_backward_kernel(const float2* __restrict__ partial, PartialLayout L, const float* __restrict__ mean,
+                             const float* __restrict__ rstd, const W* __restrict__ gamma, float2* __restrict__ dsum,
+                             float4* __restrict__ coef, int64_t C, int64_t G, int64_t HxW) {
+  __shared__ float2 scratch[33];
+  const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, D = C / G;
+  float2 acc = {0.f, 0.f};
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const int64_t c = g * D + d;
+    const float2* p = partial + n * L.s_n + c * L.s_c;
+    float2 t = {0.f, 0.f};
+    for (int64_t k = 0; k < L.K; ++k) t = Sum2Op::combine(t, p[k * L.s_k]);
+    if (dsum) dsum[n * C + c] = t;
+    const float w = gamma ? to_float(gamma[c]) : 1.f;
+    acc.x = fmaf(w, t.x, acc.x);
+    acc.y = fmaf(w, t.y, acc.y);
+  }
+  if (coef == nullptr) return;  // uniform across the block: only dgamma/dbeta wanted
+  acc = block_reduce<Sum2Op>(acc, scratch);
+  const float r = rstd[ng], mu = mean[ng];
+  const float inv_count = 1.f / static_cast<float>(D * HxW);
+  const float c2 = -r * r * r * acc.x * inv_count;
+  const float c3 = -r * acc.y * inv_count;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const int64_t c = g * D + d;
+    const float w = gamma ? to_float(gamma[c]) : 1.f;
+    coef[n * C + c] = make_float4(mu, c2, r * w, c3);
+  }
+}
+
+// dgamma[c] = sum_n rstd[n,g] * sum dy*(x-mean);  dbeta[c] = sum_n sum dy. One thread per channel.
+template <typename W>
+__global__ void gamma_beta_backward_kernel(const float2* __restrict__ dsum, const float* __restrict__ rstd,
+                                           W* __restrict__ dgamma, W* __restrict__ dbeta, int64_t N, int64_t C,
+                                           int64_t G) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t g = c / (C / G);
+  float dg = 0.f, db = 0.f;
+  for (int64_t n = 0; n < N; ++n) {
+    const float2 t = dsum[n * C + c];
+    dg = fmaf(t.x, rstd[n * G + g], dg);
+    db += t.y;
+  }
+  if (dgamma) dgamma[c] = static_cast<W>(dg);
+  if (dbeta) dbeta[c] = static_cast<W>(db);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise pass: out = coef.y * (x - coef.x) [+ coef.z * dy] + coef.w, coef per (n, c).
+template <bool HasDy>
+__device__ __forceinline__ float channel_affine(const float4& k, float x, float dy) {
+  float r = fmaf(k.y, x - k.x, k.w);
+  if constexpr (HasDy) r = fmaf(k.z, dy, r);
+  return r;
+}
+
+// Loads U vectors (x and, for the backward, dy) at offs[u] before any store, then writes
+// out = channel_affine(...) for each. All U loads are in flight together.
+template <typename T, int V, bool HasDy, int U>
+__device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+                                            const int64_t (&offs)[U], const float4* k, int k_stride) {
+  float xs[U][V], ds[U][V];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    load_vec<T, V>(x + offs[u], xs[u]);
+    if constexpr (HasDy) load_vec<T, V>(dy + offs[u], ds[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) xs[u][j] = channel_affine<HasDy>(k[j * k_stride], xs[u][j], HasDy ? ds[u][j] : 0.f);
+    store_vec<T, V>(out + offs[u], xs[u]);
+  }
+}
+
+// NCHW. Long rows (rows_per_cta == 1): grid = (N*C, chunks), a CTA covers `chunk` elements of one
+// row. Short rows: grid = (ceil(N*C / rows_per_cta)), a CTA covers rows_per_cta whole rows and
+// finds each vector's row with a fast divide by HxW/V.
+template <typename T, int V, bool HasDy>
+__global__ void __launch_bounds__(kMaxThreads)
+    affine_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+                       const float4* __restrict__ coef, int64_t rows, int64_t HxW, int64_t chunk, int rows_per_cta,
+                       FastDivmod hwv) {
+  const int64_t bs = blockDim.x;
+  if (rows_per_cta == 1) {
+    const int64_t row = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * chunk;
+    const int64_t nvec = (min(HxW, h0 + chunk) - h0) / V, off = row * HxW + h0;
+    const float4 k = coef[row];
+    int64_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * bs < nvec; i += kUnroll * bs) {
+      int64_t offs[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) offs[u] = off + (i + u * bs) * V;
+      affine_vecs<T, V, HasDy>(x, dy, out, offs, &k, 0);
+    }
+    for (; i < nvec; i += bs) {
+      const int64_t offs[1] = {off + i * V};
+      affine_vecs<T, V, HasDy>(x, dy, out, offs, &k, 0);
+    }
+  } else {
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_cta;
+    const uint32_t total = static_cast<uint32_t>(min(static_cast<int64_t>(rows_per_cta), rows - r0) * (HxW / V));
+    const int64_t off = r0 * HxW;
+    for (uint32_t j = threadIdx.x; j < total; j += blockDim.x) {
+      const float4 k = coef[r0 + hwv.div(j)];
+      const int64_t offs[1] = {off + static_cast<int64_t>(j) * V};
+      affine_vecs<T, V, HasDy>(x, dy, out, offs, &k, 0);
+    }
+  }
+}
+
+// NHWC. grid = (N, K ranges of rchunk rows); thread layout as in reduce_nhwc_kernel.
+template <typename T, int V, bool HasDy>
+__global__ void __launch_bounds__(kMaxThreads)
+    affine_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+                       const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi) {
+  const int64_t n = blockIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
+  const int lane_c = threadIdx.x % tpr, lane_r = threadIdx.x / tpr;
+  if (lane_r >= rpi) return;
+  const int CV = C / V;
+  const int64_t base = n * rows * C;
+  for (int cv = lane_c; cv < CV; cv += tpr) {
+    const int c0 = cv * V;
+    float4 k[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) k[j] = coef[n * C + c0 + j];
+    int64_t r = r0 + lane_r;
+    for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
+      int64_t offs[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) offs[u] = base + (r + u * rpi) * C + c0;
+      affine_vecs<T, V, HasDy>(x, dy, out, offs, k, 1);
+    }
+    for (; r < r1; r += rpi) {
+      const int64_t offs[1] = {base + r * C + c0};
+      affine_vecs<T, V, HasDy>(x, dy, out, offs, k, 1);
+    }
+  }
+}
+
+}  // namespace gn
+}  // namespace gnext

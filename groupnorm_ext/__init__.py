@@ -1,0 +1,15 @@
+"""gnext: fast GroupNorm for PyTorch on NVIDIA GPUs.
+
+Importing this package loads the compiled library, which registers
+
+* ``torch.ops.gnext.group_norm(input, num_groups, weight, bias, eps) -> (out, mean, rstd)``
+* ``torch.ops.gnext.group_norm_backward(grad_out, input, mean, rstd, weight, num_groups, output_mask)``
+
+with CPU and CUDA kernels, fake kernels and autograd (see ``_ops.py``).
+"""
+from ._ops import ops
+from .functional import group_norm
+from .modules import GroupNorm, convert_group_norm
+
+__all__ = ["ops", "group_norm", "GroupNorm", "convert_group_norm"]
+__version__ = "0.1.0"

@@ -1,0 +1,63 @@
+"""Build of gnext: one compiled module, groupnorm_ext._C, registering torch.ops.gnext.*.
+
+Environment variables:
+  GNEXT_CPU_ONLY=1       build only the C++ (CPU) sources, no CUDA toolkit needed.
+  TORCH_CUDA_ARCH_LIST   CUDA archs to compile for (default here: "9.0").
+  MAX_JOBS               parallel compile jobs (ninja).
+  CUDA_HOME              CUDA toolkit root (default /usr/local/cuda when it exists).
+"""
+import glob
+import os
+import site
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME  # noqa: E402
+
+
+def pip_cuda_include_dirs():
+    """Headers of the pip CUDA wheels (nvidia/cu13/include), which torch's headers may need."""
+    dirs = []
+    for base in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
+        for sub in ("nvidia/cu13/include", "nvidia/cuda_runtime/include"):
+            d = os.path.join(base, sub)
+            if os.path.isdir(d) and d not in dirs:
+                dirs.append(d)
+    return dirs
+
+
+def extension():
+    rel = lambda paths: sorted(os.path.relpath(p, ROOT) for p in paths)  # noqa: E731
+    cpp = rel(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True))
+    cu = rel(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cu"), recursive=True))
+    cxx = ["-O3"]
+    use_cuda = os.environ.get("GNEXT_CPU_ONLY", "0") != "1" and CUDA_HOME is not None
+    if not use_cuda:
+        print("gnext: building CPU-only (no CUDA toolkit or GNEXT_CPU_ONLY=1)")
+        return CppExtension("groupnorm_ext._C", cpp, extra_compile_args={"cxx": cxx})
+    nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-v"
+            if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]
+    return CUDAExtension(
+        "groupnorm_ext._C",
+        cpp + cu,
+        include_dirs=pip_cuda_include_dirs(),
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+    )
+
+
+setup(
+    name="gnext",
+    version="0.1.0",
+    description="Fast GroupNorm for PyTorch on NVIDIA GPUs (torch.ops.gnext)",
+    packages=find_packages(include=["groupnorm_ext", "groupnorm_ext.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4"],
+)

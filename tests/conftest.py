@@ -1,0 +1,79 @@
+"""Shared helpers: devices, float64 references, output poisoning, tolerances."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import groupnorm_ext  # noqa: F401  (registers torch.ops.gnext)
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# ||out - ref|| / ||ref|| bounds per dtype (forward output, gradients).
+FWD_TOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+BWD_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+# Elementwise |out - ref| <= ATOL * max|ref| on top of the norm bound.
+ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def rand_input(shape, dtype, device, scale=3.0, offset=2.0, memory_format=None, gen=None):
+    """Fresh random input with non-zero mean: scale * randn + offset."""
+    x = torch.randn(shape, dtype=torch.float64, generator=gen) * scale + offset
+    x = x.to(device=device, dtype=dtype)
+    if memory_format is not None:
+        x = x.contiguous(memory_format=memory_format)
+    return x
+
+
+def poison(device, nbytes):
+    """Fills freed caching-allocator blocks with NaN so that an output element a kernel forgets to
+    write is NaN (CUDA; on the CPU freed memory may not be reused, so this is best effort)."""
+    if device == "cpu" or nbytes == 0:
+        return
+    n = (nbytes + 3) // 4
+    bufs = [torch.full((n,), float("nan"), device=device) for _ in range(4)]
+    bufs += [torch.full((max(1, n // 8),), float("nan"), device=device) for _ in range(4)]
+    del bufs
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def assert_close_to_ref(out, ref, dtype, tol):
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert torch.isfinite(out).all(), "non-finite values (unwritten poisoned output?)"
+    err = rel_err(out, ref)
+    assert err <= tol[dtype], f"relative error {err:.3e} > {tol[dtype]:.1e} ({dtype})"
+    bound = ATOL[dtype] * ref.abs().max().item() + 1e-12
+    worst = (out.double() - ref.double()).abs().max().item()
+    assert worst <= bound * 4, f"max abs error {worst:.3e} > {bound * 4:.3e} ({dtype})"
+
+
+def reference(x, num_groups, weight, bias, eps, dy=None):
+    """float64 forward (and gradients for dy) through torch.nn.functional.group_norm."""
+    xd = x.detach().double().contiguous().requires_grad_(dy is not None)
+    wd = weight.detach().double().requires_grad_(dy is not None) if weight is not None else None
+    bd = bias.detach().double().requires_grad_(dy is not None) if bias is not None else None
+    y = F.group_norm(xd, num_groups, wd, bd, eps)
+    shaped = xd.view(xd.shape[0], num_groups, -1)
+    mean = shaped.mean(-1)
+    rstd = (shaped.var(-1, unbiased=False) + eps).rsqrt()
+    if dy is None:
+        return y.detach(), mean.detach(), rstd.detach()
+    inputs = [t for t in (xd, wd, bd) if t is not None]
+    grads = torch.autograd.grad(y, inputs, dy.double())
+    it = iter(grads)
+    return y.detach(), next(it), next(it) if wd is not None else None, next(it) if bd is not None else None

@@ -1,0 +1,219 @@
+"""gnext.group_norm forward and backward vs a float64 reference (torch.nn.functional.group_norm)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import groupnorm_ext as ge
+from conftest import BWD_TOL, DEVICES, DTYPES, FWD_TOL, assert_close_to_ref, poison, rand_input, reference
+
+CL = torch.channels_last
+CL3 = torch.channels_last_3d
+
+# (shape, num_groups, memory_format): odd sizes, G in {1, C, typical}, N=1, HxW=1, 2D..5D.
+CASES = [
+    ((2, 6, 7, 9), 3, None),
+    ((2, 6, 7, 9), 3, CL),
+    ((3, 12, 5, 5), 12, None),  # G = C
+    ((3, 12, 5, 5), 12, CL),
+    ((2, 8, 16, 16), 1, None),  # G = 1
+    ((2, 8, 16, 16), 1, CL),
+    ((1, 32, 8, 8), 8, None),  # N = 1
+    ((1, 32, 8, 8), 8, CL),
+    ((4, 16), 4, None),  # no spatial dims (HxW = 1)
+    ((4, 16, 1, 1), 4, None),
+    ((2, 12, 33), 4, None),  # 3D
+    ((2, 8, 3, 5, 7), 2, None),  # 5D
+    ((2, 8, 3, 5, 7), 2, CL3),
+    ((3, 64, 32, 32), 8, None),
+    ((3, 64, 32, 32), 8, CL),
+    ((64, 64, 4, 4), 16, None),  # many short rows
+    ((2, 9, 4, 4), 3, None),  # C = 3 * G
+]
+
+
+def _ids(case):
+    shape, g, fmt = case
+    return f"{'x'.join(map(str, shape))}-G{g}-{'cl' if fmt is not None else 'nchw'}"
+
+
+def _params(C, dtype, device, affine, gen):
+    if affine == "none":
+        return None, None
+    pdtype = torch.float32 if affine == "fp32" else dtype
+    w = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5 + 1).to(device, pdtype)
+    b = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(device, pdtype)
+    if affine == "weight":
+        return w, None
+    return w, b
+
+
+def run_case(shape, G, fmt, dtype, device, affine="same", eps=1e-5, seed=0, backward=True, x=None):
+    gen = torch.Generator().manual_seed(seed)
+    if x is None:
+        x = rand_input(shape, dtype, device, memory_format=fmt, gen=gen)
+    w, b = _params(x.shape[1], dtype, device, affine, gen)
+    dy = rand_input(x.shape, dtype, device, scale=1.0, offset=0.5, memory_format=fmt, gen=gen)
+    nbytes = x.numel() * x.element_size()
+
+    poison(device, nbytes)
+    out, mean, rstd = torch.ops.gnext.group_norm(x, G, w, b, eps)
+    ref, ref_mean, ref_rstd = reference(x, G, w, b, eps)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    expected_fmt = fmt if fmt is not None and not x.is_contiguous() else torch.contiguous_format
+    assert out.is_contiguous(memory_format=expected_fmt)
+    assert mean.dtype == torch.float32 and mean.shape == (x.shape[0], G)
+    assert_close_to_ref(out, ref, dtype, FWD_TOL)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-4, atol=1e-6)
+    if not backward:
+        return
+    poison(device, nbytes)
+    mask = [True, w is not None, b is not None]
+    dx, dw, db = torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, mask)
+    _, rdx, rdw, rdb = reference(x, G, w, b, eps, dy=dy)
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    assert dx.is_contiguous(memory_format=expected_fmt)
+    assert_close_to_ref(dx, rdx, dtype, BWD_TOL)
+    if w is not None:
+        assert dw.dtype == w.dtype
+        assert_close_to_ref(dw, rdw, dtype, BWD_TOL)
+    if b is not None:
+        assert_close_to_ref(db, rdb, dtype, BWD_TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_forward_backward(case, dtype, device):
+    run_case(*case, dtype, device, seed=hash(_ids(case)) % 1000)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("affine", ["none", "weight", "fp32"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_affine_variants(affine, dtype, device):
+    if affine == "fp32" and dtype == torch.float32:
+        pytest.skip("same as the default")
+    run_case((2, 16, 6, 10), 4, None, dtype, device, affine=affine)
+    run_case((2, 16, 6, 10), 4, CL, dtype, device, affine=affine, seed=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_non_contiguous_and_unaligned(dtype, device):
+    gen = torch.Generator().manual_seed(3)
+    big = rand_input((2, 8, 12, 20), dtype, device, gen=gen)
+    run_case(None, 4, None, dtype, device, x=big[:, :, :, ::2])  # strided: made contiguous
+    run_case(None, 4, None, dtype, device, x=big.permute(0, 1, 3, 2))  # transposed spatial dims
+    flat = rand_input((1 + 2 * 8 * 16,), dtype, device, gen=gen)
+    run_case(None, 4, None, dtype, device, x=flat[1:].view(2, 8, 16))  # data pointer not 16-byte aligned
+    cl = rand_input((2, 8, 6, 6), dtype, device, memory_format=CL, gen=gen)
+    run_case(None, 2, None, dtype, device, x=cl[:, :, 1:, :])  # sliced channels_last
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("offset,scale", [(1e4, 1.0), (1e3, 0.1)])
+def test_large_mean_small_variance(device, offset, scale):
+    """Welford, not E[x^2] - E[x]^2: at mean 1e4, std 1 a naive float32 variance is off by ~ulp(1e8) = 8.
+    The output error left is the float32 rounding of the mean itself, ulp(mean) / std."""
+    gen = torch.Generator().manual_seed(5)
+    x = rand_input((2, 8, 32, 32), torch.float32, device, scale=scale, offset=offset, gen=gen)
+    out, mean, rstd = torch.ops.gnext.group_norm(x, 4, None, None, 1e-5)
+    ref, ref_mean, ref_rstd = reference(x, 4, None, None, 1e-5)
+    torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-3, atol=0)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_constant_group_gives_bias(device):
+    x = torch.full((2, 4, 5, 5), 7.0, device=device)
+    b = torch.arange(4, dtype=torch.float32, device=device)
+    out = ge.group_norm(x, 2, torch.ones(4, device=device), b)
+    torch.testing.assert_close(out, b.view(1, 4, 1, 1).expand_as(out).contiguous())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty(device):
+    x = torch.randn(0, 4, 3, device=device)
+    out, mean, rstd = torch.ops.gnext.group_norm(x, 2, None, None, 1e-5)
+    assert out.shape == x.shape and mean.shape == (0, 2)
+    x = torch.randn(2, 4, 0, device=device)
+    out, mean, rstd = torch.ops.gnext.group_norm(x, 2, None, None, 1e-5)
+    assert out.shape == x.shape and mean.shape == (2, 2) and torch.isnan(mean).all()
+    w = torch.ones(4, device=device)
+    dx, dw, db = torch.ops.gnext.group_norm_backward(out, x, mean, rstd, w, 2, [True, True, True])
+    assert dx.shape == x.shape and (dw == 0).all() and (db == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_matches_reference(device):
+    gen = torch.Generator().manual_seed(7)
+    x = rand_input((2, 6, 5, 4), torch.float32, device, gen=gen).requires_grad_()
+    w = torch.randn(6, generator=gen).to(device).requires_grad_()
+    b = torch.randn(6, generator=gen).to(device).requires_grad_()
+    dy = torch.randn(x.shape, generator=gen).to(device)
+    y = ge.group_norm(x, 3, w, b)
+    grads = torch.autograd.grad(y, (x, w, b), dy)
+    _, rdx, rdw, rdb = reference(x, 3, w, b, 1e-5, dy=dy)
+    for g, r in zip(grads, (rdx, rdw, rdb)):
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-5)
+    # Only some inputs require grad.
+    (gx,) = torch.autograd.grad(ge.group_norm(x, 3, w.detach(), b.detach()), (x,), dy)
+    torch.testing.assert_close(gx.double(), rdx, rtol=1e-4, atol=1e-5)
+
+
+def test_double_backward_raises():
+    x = torch.randn(2, 4, 3, requires_grad=True)
+    y = ge.group_norm(x, 2)
+    (g,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.sum().backward()
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only: sizes that take the split-reduction paths, wide channels_last, determinism.
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((1, 8, 256, 256), 2, None),  # few rows: HxW split over many CTAs
+        ((1, 8, 256, 256), 2, CL),
+        ((1, 4096, 3, 3), 32, CL),  # wide C: channel loop in the NHWC kernels
+        ((2, 1024, 9, 7), 32, CL),
+        ((1, 64, 16, 128, 128), 8, CL3),
+        ((2, 320, 64, 64), 32, None),
+    ],
+    ids=_ids,
+)
+def test_gpu_large(case, dtype):
+    run_case(*case, dtype, "cuda", seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", [None, CL], ids=["nchw", "cl"])
+def test_gpu_deterministic(fmt):
+    x = rand_input((2, 64, 96, 96), torch.float16, "cuda", memory_format=fmt)
+    w = torch.rand(64, device="cuda") + 0.5
+    b = torch.randn(64, device="cuda")
+    dy = torch.randn_like(x)
+    first = None
+    for _ in range(10):
+        out, mean, rstd = torch.ops.gnext.group_norm(x, 8, w, b, 1e-5)
+        grads = torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, 8, [True, True, True])
+        res = (out, mean, rstd, *grads)
+        if first is None:
+            first = res
+        else:
+            for a, r in zip(first, res):
+                assert torch.equal(a, r)
+
+
+@pytest.mark.gpu
+def test_gpu_matches_cpu_op():
+    x = rand_input((3, 24, 10, 10), torch.float32, "cpu")
+    cpu = torch.ops.gnext.group_norm(x, 6, None, None, 1e-5)
+    gpu = torch.ops.gnext.group_norm(x.cuda(), 6, None, None, 1e-5)
+    for c, g in zip(cpu, gpu):
+        torch.testing.assert_close(g.cpu(), c, rtol=1e-5, atol=1e-5)

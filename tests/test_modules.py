@@ -1,0 +1,60 @@
+"""GroupNorm drop-in module and convert_group_norm."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import groupnorm_ext as ge
+from conftest import DEVICES, rand_input
+
+
+def test_module_matches_nn_groupnorm_api():
+    ref = nn.GroupNorm(4, 16, eps=1e-4, affine=True)
+    mod = ge.GroupNorm(4, 16, eps=1e-4, affine=True)
+    assert repr(mod).endswith(repr(ref)[len("GroupNorm"):])
+    assert mod.extra_repr() == ref.extra_repr()
+    assert list(mod.state_dict().keys()) == list(ref.state_dict().keys()) == ["weight", "bias"]
+    with torch.no_grad():
+        ref.weight.normal_()
+        ref.bias.normal_()
+    mod.load_state_dict(ref.state_dict())
+    ref.load_state_dict(mod.state_dict())
+    mod.reset_parameters()
+    assert torch.equal(mod.weight, torch.ones(16)) and torch.equal(mod.bias, torch.zeros(16))
+    assert list(ge.GroupNorm(2, 4, affine=False).state_dict().keys()) == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_forward_matches_nn(device):
+    ref = nn.GroupNorm(4, 16).to(device)
+    with torch.no_grad():
+        ref.weight.normal_()
+        ref.bias.normal_()
+    mod = ge.GroupNorm(4, 16).to(device)
+    mod.load_state_dict(ref.state_dict())
+    x = rand_input((2, 16, 5, 5), torch.float32, device)
+    torch.testing.assert_close(mod(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_convert_group_norm(device):
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.GroupNorm(4, 16),
+        nn.SiLU(),
+        nn.Sequential(nn.Conv2d(16, 8, 1), nn.GroupNorm(2, 8, affine=False)),
+    ).to(device)
+    with torch.no_grad():
+        model[1].weight.normal_()
+    x = rand_input((2, 3, 8, 8), torch.float32, device)
+    expected = model(x)
+    keys = list(model.state_dict().keys())
+    w = model[1].weight
+    converted = ge.convert_group_norm(model)
+    assert type(converted[1]) is ge.GroupNorm and type(converted[3][1]) is ge.GroupNorm
+    assert converted[1].weight is w  # parameters are shared, not copied
+    assert list(converted.state_dict().keys()) == keys
+    torch.testing.assert_close(converted(x), expected, rtol=1e-5, atol=1e-5)
+    root = ge.convert_group_norm(nn.GroupNorm(2, 4))
+    assert type(root) is ge.GroupNorm
