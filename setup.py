@@ -40,6 +40,7 @@ def extension():
     use_cuda = os.environ.get("GNEXT_CPU_ONLY", "0") != "1" and CUDA_HOME is not None
     if not use_cuda:
         print("gnext: building CPU-only (no CUDA toolkit or GNEXT_CPU_ONLY=1)")
+        cpp = [f for f in cpp if not f.endswith("_cuda.cpp")]
         return CppExtension("groupnorm_ext._C", cpp, extra_compile_args={"cxx": cxx})
     nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-v"
             if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]

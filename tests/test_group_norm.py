@@ -188,7 +188,8 @@ def test_double_backward_raises():
     ids=_ids,
 )
 def test_gpu_large(case, dtype):
-    run_case(*case, dtype, "cuda", seed=11)
+    # float32 weight/bias: dbeta = sum of dy over N*HxW positions exceeds float16's range here.
+    run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=11)
 
 
 @pytest.mark.gpu

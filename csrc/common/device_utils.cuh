@@ -17,14 +17,45 @@ __device__ __forceinline__ float to_float(T v) {
 
 // ---------------------------------------------------------------------------------------------
 // Vector access: V elements of T, V * sizeof(T) <= 16 bytes, pointer aligned to V * sizeof(T).
+// The memory access goes through one raw integer vector (uint4 for 16 bytes) so that it
+// compiles to a single LDG.128 / STG.128 (a plain struct copy may be split into scalar stores).
+template <int Bytes> struct RawVec;
+template <> struct RawVec<16> { using type = uint4; };
+template <> struct RawVec<8> { using type = uint2; };
+template <> struct RawVec<4> { using type = unsigned int; };
+template <> struct RawVec<2> { using type = unsigned short; };
+
 template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
+union Pack {
+  using Raw = typename RawVec<sizeof(T) * V>::type;
+  Raw raw;
   T v[V];
+  __device__ Pack() {}
 };
+
+// Global load (read-only path, __ldg) / store (st.global.v4/v2) of one raw vector, so the
+// access is never split into scalar instructions.
+template <typename Raw>
+__device__ __forceinline__ Raw ldg_raw(const Raw* p) {
+  if constexpr (sizeof(Raw) == 2) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+  } else {
+    return __ldg(p);
+  }
+}
+__device__ __forceinline__ void stg_raw(uint4* p, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void stg_raw(uint2* p, const uint2& v) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ void stg_raw(unsigned int* p, const unsigned int& v) { *p = v; }
+__device__ __forceinline__ void stg_raw(unsigned short* p, const unsigned short& v) { *p = v; }
 
 template <typename T, int V>
 __device__ __forceinline__ void load_vec(const T* p, float* out) {
-  const Pack<T, V> pk = *reinterpret_cast<const Pack<T, V>*>(p);
+  Pack<T, V> pk;
+  pk.raw = ldg_raw(reinterpret_cast<const typename Pack<T, V>::Raw*>(p));
 #pragma unroll
   for (int j = 0; j < V; ++j) out[j] = to_float(pk.v[j]);
 }
@@ -34,7 +65,7 @@ __device__ __forceinline__ void store_vec(T* p, const float* in) {
   Pack<T, V> pk;
 #pragma unroll
   for (int j = 0; j < V; ++j) pk.v[j] = static_cast<T>(in[j]);
-  *reinterpret_cast<Pack<T, V>*>(p) = pk;
+  stg_raw(reinterpret_cast<typename Pack<T, V>::Raw*>(p), pk.raw);
 }
 
 // ---------------------------------------------------------------------------------------------

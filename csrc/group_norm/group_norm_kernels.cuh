@@ -13,6 +13,7 @@
 //   NHWC: channels_last (N, HxW rows of C); a CTA reduces a range of rows, all C channels.
 #pragma once
 #include "../common/device_utils.cuh"
+#include "group_norm_launch.h"
 
 namespace gnext {
 namespace gn {
@@ -153,11 +154,6 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-channel partials of one (n, c) are at partial[n * s_n + c * s_c + k * s_k], k < K.
-struct PartialLayout {
-  int64_t K, s_n, s_c, s_k;
-};
-
 // Forward finalize, one CTA per (n, g): merge the D*K Welford partials of the group, write
 // mean/rstd and the per-channel coefficients (mean, rstd * gamma, 0, beta).
 template <typename W>

@@ -1,0 +1,249 @@
+// CUDA implementation of the GroupNorm ops: argument checks, layout choice, launch geometry,
+// allocation. The kernels are behind group_norm_launch.h (group_norm_kernels.cu).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "group_norm.h"
+#include "group_norm_launch.h"
+
+namespace gnext {
+namespace {
+
+using gn::AffineGeometry;
+using gn::PartialLayout;
+using gn::Problem;
+using gn::ReduceGeometry;
+using gn::ScalarKind;
+
+constexpr int kUnroll = 4;        // vector loads in flight per thread (group_norm_kernels.cuh)
+constexpr int kMaxThreads = 512;  // block size cap of the kernels
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+ScalarKind scalar_kind(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return ScalarKind::Float;
+    case at::kHalf:
+      return ScalarKind::Half;
+    case at::kBFloat16:
+      return ScalarKind::BFloat16;
+    default:
+      TORCH_CHECK(false, "gnext: unsupported dtype ", t, " (expected float32, float16 or bfloat16)");
+  }
+}
+
+// CTAs to aim for per launch: enough to fill every SM a few times over.
+int64_t target_ctas() { return 4 * static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount); }
+
+// Widest vector (elements per 16-byte access) when rows have `inner` elements and every pointer
+// is 16-byte aligned; 1 otherwise.
+int vector_width(at::ScalarType t, int64_t inner, std::initializer_list<const void*> ptrs) {
+  const int vmax = static_cast<int>(16 / c10::elementSize(t));
+  if (inner % vmax != 0) return 1;
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return vmax;
+}
+
+// NHWC thread layout: tpr threads across the C/V channel vectors of a row, rpi rows at once.
+void nhwc_threads(const Problem& p, int V, int& tpr, int& rpi, int& threads) {
+  constexpr int kThreads = 256;
+  const int CV = static_cast<int>(p.C / V);
+  tpr = std::min(CV, kThreads);
+  rpi = std::max(1, kThreads / tpr);
+  threads = static_cast<int>(round_up(static_cast<int64_t>(tpr) * rpi, 32));
+}
+
+// NHWC row ranges: enough CTAs to fill the GPU, each with a few full row sweeps, and few enough
+// partials that the per-group finalize (D*K merges) stays cheap.
+int64_t nhwc_rows_per_cta(const Problem& p, int rpi) {
+  int64_t K = ceil_div(target_ctas(), p.N);
+  K = std::min(K, ceil_div(p.HxW, static_cast<int64_t>(rpi) * kUnroll));
+  K = std::min(K, std::max<int64_t>(1, (int64_t{1} << 15) / p.D));
+  return ceil_div(p.HxW, std::max<int64_t>(K, 1));
+}
+
+ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_bytes) {
+  ReduceGeometry g{};
+  g.nhwc = nhwc;
+  g.vec = V;
+  if (nhwc) {
+    nhwc_threads(p, V, g.tpr, g.rpi, g.threads);
+    g.chunk = nhwc_rows_per_cta(p, g.rpi);
+    g.K = ceil_div(p.HxW, g.chunk);
+    g.smem = static_cast<size_t>(g.rpi) * p.C * state_bytes;
+    return g;
+  }
+  const int64_t rows = p.N * p.C;
+  int64_t K = rows >= target_ctas() ? 1 : std::min(ceil_div(target_ctas(), rows), std::max<int64_t>(1, p.HxW / 4096));
+  g.chunk = round_up(ceil_div(p.HxW, K), V);
+  g.K = ceil_div(p.HxW, g.chunk);
+  g.threads = static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(g.chunk / V, kUnroll), 32), 32, kMaxThreads));
+  return g;
+}
+
+AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V) {
+  AffineGeometry g{};
+  g.nhwc = nhwc;
+  g.vec = V;
+  if (nhwc) {
+    nhwc_threads(p, V, g.tpr, g.rpi, g.threads);
+    g.chunk = nhwc_rows_per_cta(p, g.rpi);
+    g.grid_x = static_cast<unsigned>(p.N);
+    g.grid_y = static_cast<unsigned>(ceil_div(p.HxW, g.chunk));
+    return g;
+  }
+  const int64_t rows = p.N * p.C, hwv = p.HxW / V;
+  constexpr int64_t kVecsPerCta = kMaxThreads * kUnroll;
+  int64_t rows_per_cta = std::max<int64_t>(1, kVecsPerCta / hwv);
+  rows_per_cta = std::min(rows_per_cta, std::max<int64_t>(1, rows / target_ctas()));
+  if (rows_per_cta > 1) {  // short rows, packed rows_per_cta to a CTA
+    g.rows_per_cta = static_cast<int>(rows_per_cta);
+    g.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, round_up(rows_per_cta * hwv, 32)));
+    g.grid_x = static_cast<unsigned>(ceil_div(rows, rows_per_cta));
+    g.grid_y = 1;
+    g.chunk = p.HxW;
+    return g;
+  }
+  int64_t K = rows >= target_ctas() ? 1 : std::min(ceil_div(target_ctas(), rows), std::max<int64_t>(1, hwv / kVecsPerCta));
+  g.rows_per_cta = 1;
+  g.chunk = round_up(ceil_div(p.HxW, K), V);
+  g.grid_x = static_cast<unsigned>(rows);
+  g.grid_y = static_cast<unsigned>(ceil_div(p.HxW, g.chunk));
+  g.threads = static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(g.chunk / V, kUnroll), 32), 32, kMaxThreads));
+  return g;
+}
+
+PartialLayout partial_layout(const Problem& p, const ReduceGeometry& g) {
+  if (g.nhwc) return {g.K, g.K * p.C, 1, p.C};  // partial[(n * K + k) * C + c]
+  return {g.K, p.C * g.K, g.K, 1};               // partial[(n * C + c) * K + k]
+}
+
+// Layout the kernels run in: NHWC for channels_last input and for HxW == 1 (where (N, C) memory
+// is the same in both); NCHW otherwise, or when NHWC's shared memory (rpi * C states) won't fit.
+bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std::initializer_list<const void*> ptrs) {
+  if (x.is_contiguous() && p.HxW != 1) return false;
+  const int V = vector_width(x.scalar_type(), p.C, ptrs);
+  const ReduceGeometry g = reduce_geometry(p, true, V, state_bytes);
+  return g.smem <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+}
+
+// Element type of gamma/beta: float32 or the input's.
+ScalarKind param_kind(const OptTensor& a, const OptTensor& b, at::ScalarType fallback) {
+  if (defined(a)) return scalar_kind(a->scalar_type());
+  if (defined(b)) return scalar_kind(b->scalar_type());
+  return scalar_kind(fallback);
+}
+
+const void* ptr_or_null(const OptTensor& t) { return defined(t) ? t->data_ptr() : nullptr; }
+
+Problem to_problem(const GNShape& s) { return {s.N, s.C, s.G, s.D, s.HxW}; }
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t num_groups, const OptTensor& weight,
+                                                   const OptTensor& bias, double eps) {
+  const GNShape s = check_group_norm_args("gnext.group_norm", input, num_groups, weight, bias);
+  const Problem p = to_problem(s);
+  c10::cuda::CUDAGuard guard(input.device());
+  const Tensor x_in = dense_input(input);
+  Tensor out = at::empty_like(x_in);
+  Tensor mean = at::empty({s.N, s.G}, input.options().dtype(at::kFloat));
+  Tensor rstd = at::empty_like(mean);
+  if (input.numel() == 0) {  // statistics of an empty group are undefined
+    mean.fill_(std::numeric_limits<float>::quiet_NaN());
+    rstd.fill_(std::numeric_limits<float>::quiet_NaN());
+    return {out, mean, rstd};
+  }
+  const OptTensor w = defined(weight) ? OptTensor(weight->contiguous()) : std::nullopt;
+  const OptTensor b = defined(bias) ? OptTensor(bias->contiguous()) : std::nullopt;
+  const bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr(), out.data_ptr()});
+  // channels_last input too wide for the NHWC kernels' shared memory runs in NCHW.
+  const Tensor x = nhwc || x_in.is_contiguous() ? x_in : x_in.contiguous();
+  Tensor y = x.is_same(x_in) ? out : at::empty_like(x);
+  const ScalarKind t = scalar_kind(input.scalar_type());
+  const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr()});
+  const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
+  Tensor partial = at::empty({s.N * s.C * rg.K * 3}, mean.options());
+  Tensor coef = at::empty({s.N, s.C, 4}, mean.options());
+  auto stream = at::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial.data_ptr<float>(), stream));
+  C10_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, at::kFloat), p, partial_layout(p, rg),
+                                             partial.data_ptr<float>(), ptr_or_null(w), ptr_or_null(b),
+                                             mean.data_ptr<float>(), rstd.data_ptr<float>(), coef.data_ptr<float>(),
+                                             static_cast<float>(eps), stream));
+  C10_CUDA_CHECK(gn::launch_affine(false, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), nullptr, y.data_ptr(),
+                                   coef.data_ptr<float>(), stream));
+  if (!y.is_same(out)) out.copy_(y);
+  return {out, mean, rstd};
+}
+
+std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tensor& grad_out, const Tensor& input,
+                                                                     const Tensor& mean, const Tensor& rstd,
+                                                                     const OptTensor& weight, int64_t num_groups,
+                                                                     std::array<bool, 3> output_mask) {
+  const char* op = "gnext.group_norm_backward";
+  const GNShape s = check_group_norm_args(op, input, num_groups, weight, std::nullopt);
+  check_group_norm_backward_args(op, grad_out, input, mean, rstd, s);
+  const Problem p = to_problem(s);
+  c10::cuda::CUDAGuard guard(input.device());
+  const auto pdtype = param_grad_dtype(input, weight);
+  const bool need_params = output_mask[1] || output_mask[2];
+  OptTensor dx, dgamma, dbeta;
+  if (output_mask[1]) dgamma = at::empty({s.C}, input.options().dtype(pdtype));
+  if (output_mask[2]) dbeta = at::empty({s.C}, input.options().dtype(pdtype));
+  const Tensor x_in = dense_input(input);
+  if (output_mask[0]) dx = at::empty_like(x_in);
+  if (input.numel() == 0) {
+    if (dgamma) dgamma->zero_();
+    if (dbeta) dbeta->zero_();
+    return {dx, dgamma, dbeta};
+  }
+  if (!output_mask[0] && !need_params) return {dx, dgamma, dbeta};
+  const Tensor mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
+  const OptTensor w = defined(weight) ? OptTensor(weight->contiguous()) : std::nullopt;
+  const Tensor dy_in = grad_out.contiguous(group_norm_memory_format(x_in));
+  const bool nhwc = use_nhwc(x_in, p, gn::kGradStateBytes,
+                             {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr});
+  const Tensor x = nhwc || x_in.is_contiguous() ? x_in : x_in.contiguous();
+  const Tensor dy = x.is_same(x_in) ? dy_in : grad_out.contiguous();
+  const Tensor dx_work = !dx ? Tensor() : x.is_same(x_in) ? *dx : at::empty_like(x);
+  const ScalarKind t = scalar_kind(input.scalar_type());
+  const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW,
+                             {x.data_ptr(), dy.data_ptr(), dx_work.defined() ? dx_work.data_ptr() : nullptr});
+  const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes);
+  Tensor partial = at::empty({s.N * s.C * rg.K * 2}, mean_c.options());
+  Tensor dsum = need_params ? at::empty({s.N, s.C, 2}, mean_c.options()) : Tensor();
+  Tensor coef = output_mask[0] ? at::empty({s.N, s.C, 4}, mean_c.options()) : Tensor();
+  auto stream = at::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), mean_c.data_ptr<float>(),
+                                   partial.data_ptr<float>(), stream));
+  C10_CUDA_CHECK(gn::launch_finalize_backward(
+      param_kind(w, std::nullopt, at::kFloat), p, partial_layout(p, rg), partial.data_ptr<float>(),
+      mean_c.data_ptr<float>(), rstd_c.data_ptr<float>(), ptr_or_null(w),
+      need_params ? dsum.data_ptr<float>() : nullptr, output_mask[0] ? coef.data_ptr<float>() : nullptr, stream));
+  if (need_params)
+    C10_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(pdtype), p, dsum.data_ptr<float>(),
+                                                  rstd_c.data_ptr<float>(), dgamma ? dgamma->data_ptr() : nullptr,
+                                                  dbeta ? dbeta->data_ptr() : nullptr, stream));
+  if (output_mask[0]) {
+    C10_CUDA_CHECK(gn::launch_affine(true, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), dy.data_ptr(),
+                                     dx_work.data_ptr(), coef.data_ptr<float>(), stream));
+    if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
+  }
+  return {dx, dgamma, dbeta};
+}
+
+TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
+  m.impl("group_norm", &group_norm_cuda);
+  m.impl("group_norm_backward", &group_norm_backward_cuda);
+}
+
+}  // namespace gnext

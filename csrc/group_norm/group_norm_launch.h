@@ -1,0 +1,68 @@
+// Interface between the host glue (group_norm_cuda.cpp, compiled by the C++ compiler) and the
+// kernels (group_norm_kernels.cu, compiled by nvcc). Only plain types cross it: the nvcc
+// translation unit never formats messages or touches ATen, and returns cudaError_t.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gnext {
+namespace gn {
+
+enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
+
+// input (N, C, *), HxW = prod(spatial), D = C / G.
+struct Problem {
+  int64_t N, C, G, D, HxW;
+};
+
+// Per-channel partials of (n, c) are at partial[n * s_n + c * s_c + k * s_k], k < K.
+struct PartialLayout {
+  int64_t K, s_n, s_c, s_k;
+};
+
+// Geometry of the reduction and of the elementwise pass (host-computed, see group_norm_cuda.cpp).
+//   NCHW: grid (N*C rows, K chunks of `chunk` elements).
+//   NHWC: grid (N, K ranges of `chunk` rows); a thread owns channel vectors t % tpr and rows t / tpr.
+struct ReduceGeometry {
+  bool nhwc;
+  int vec;
+  int64_t K, chunk;
+  int threads, tpr, rpi;
+  size_t smem;
+};
+//   NCHW long rows (rows_per_cta == 1): grid (N*C, K chunks); short rows: grid (rows / rows_per_cta).
+//   NHWC: as the reduction.
+struct AffineGeometry {
+  bool nhwc;
+  int vec;
+  unsigned grid_x, grid_y;
+  int threads, rows_per_cta, tpr, rpi;
+  int64_t chunk;
+};
+
+// Sizes of one reduction state: Welford (mean, m2, n) forward, (sum dy*(x-mean), sum dy) backward.
+constexpr size_t kMomentsStateBytes = 3 * sizeof(float);
+constexpr size_t kGradStateBytes = 2 * sizeof(float);
+
+// Forward Welford partials of x (grad == false) or backward sums of dy*(x - mean) and dy.
+cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const ReduceGeometry& g, const void* x,
+                          const void* dy, const float* mean, float* partial, cudaStream_t stream);
+// mean/rstd per (n, g) and coef = (mean, rstd*gamma, 0, beta) per (n, c). wt: gamma/beta type.
+cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
+                                    const void* gamma, const void* beta, float* mean, float* rstd, float* coef,
+                                    float eps, cudaStream_t stream);
+// dsum (n, c) = (sum dy*(x-mean), sum dy) if non-null; coef = (mean, c2, rstd*gamma, c3) if non-null.
+cudaError_t launch_finalize_backward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
+                                     const float* mean, const float* rstd, const void* gamma, float* dsum, float* coef,
+                                     cudaStream_t stream);
+// dgamma/dbeta (either may be null) of type pt from dsum.
+cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const float* dsum, const float* rstd,
+                                       void* dgamma, void* dbeta, cudaStream_t stream);
+// out = coef.y * (x - coef.x) [+ coef.z * dy] + coef.w.
+cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const AffineGeometry& g, const void* x,
+                          const void* dy, void* out, const float* coef, cudaStream_t stream);
+
+}  // namespace gn
+}  // namespace gnext

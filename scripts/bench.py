@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""gnext GroupNorm benchmark: gnext vs eager F.group_norm vs torch.compile, against the
+copy-bandwidth floor.
+
+For each suite shape it checks gnext against a float64 reference (forward, dx, dweight, dbias),
+then times forward and forward+backward (CUDA events around each call, L2 flushed before each,
+warm-up, median) of every implementation, all in this one process. The floor is the bytes that
+must move (forward: read x + write y; forward+backward: that plus read x, dy + write dx) over the
+device-to-device copy bandwidth measured here. Writes <out>/bench_<tag>.json, .md and a plot of
+fraction-of-floor per shape. Without a GPU it runs a small CPU suite (no torch.compile).
+
+    python scripts/bench.py                 # default suite on the GPU, results in bench_results/
+    python scripts/bench.py --suite small   # quick check
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import groupnorm_ext as ge  # noqa: E402
+
+try:
+    from tqdm import tqdm
+except ImportError:  # progress bars are optional
+    tqdm = None
+
+CL, CL3 = torch.channels_last, torch.channels_last_3d
+f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+
+# name: (shape, G, dtype, memory_format)
+SUITES = {
+    "default": [
+        ("L1#35 112x64x512x512 fp32", (112, 64, 512, 512), 8, f32, None),
+        ("L2#19 GN 128x64x258x258 fp32", (128, 64, 258, 258), 8, f32, None),
+        ("VAE 1x128x1024x1024 fp16", (1, 128, 1024, 1024), 32, f16, None),
+        ("VAE 1x128x1024x1024 fp16 CL", (1, 128, 1024, 1024), 32, f16, CL),
+        ("UNet 16x512x128x128 bf16 CL", (16, 512, 128, 128), 32, bf16, CL),
+        ("ResNet 32x256x56x56 bf16", (32, 256, 56, 56), 32, bf16, None),
+        ("video 2x64x16x64x64 bf16 5D", (2, 64, 16, 64, 64), 8, bf16, None),
+        ("seq 8x512x4096 fp16 3D", (8, 512, 4096), 32, f16, None),
+        ("SD 2x320x64x64 fp16", (2, 320, 64, 64), 32, f16, None),
+    ],
+    "small": [
+        ("SD 2x320x64x64 fp16", (2, 320, 64, 64), 32, f16, None),
+        ("UNet 4x512x64x64 bf16 CL", (4, 512, 64, 64), 32, bf16, CL),
+    ],
+    "cpu": [
+        ("8x64x64x64 fp32", (8, 64, 64, 64), 8, f32, None),
+        ("8x64x64x64 fp32 CL", (8, 64, 64, 64), 8, f32, CL),
+        ("4x128x32x32 bf16", (4, 128, 32, 32), 32, bf16, None),
+    ],
+}
+
+
+def fmt_name(fmt):
+    return {None: "contiguous", CL: "channels_last", CL3: "channels_last_3d"}[fmt]
+
+
+class Timer:
+    """Median time of fn() in ms: CUDA events around each call with the L2 flushed before it,
+    or perf_counter on the CPU."""
+
+    def __init__(self, device):
+        self.device = device
+        self.flush = torch.empty(128 * 2**20, dtype=torch.uint8, device=device) if device == "cuda" else None
+
+    def __call__(self, fn, min_reps=5, max_reps=100, budget_s=0.4):
+        for _ in range(2):
+            fn()
+        if self.device != "cuda":
+            times = []
+            t_end = time.perf_counter() + budget_s
+            while len(times) < min_reps or (time.perf_counter() < t_end and len(times) < max_reps):
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+            return statistics.median(times)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        est = time.perf_counter() - t0
+        reps = int(min(max_reps, max(min_reps, budget_s / max(est, 1e-6))))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            self.flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def copy_bandwidth(device, timer):
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    n = (1 << 30) if device == "cuda" else (1 << 27)
+    a = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
+    b = torch.empty_like(a)
+    ms = timer(lambda: b.copy_(a), min_reps=10)
+    del a, b
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def make_inputs(shape, dtype, fmt, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * 3 + 2).to(dtype)
+    if fmt is not None:
+        x = x.contiguous(memory_format=fmt)
+    C = shape[1]
+    w = (torch.randn(C, generator=g, device=device) * 0.5 + 1).to(dtype)
+    b = (torch.randn(C, generator=g, device=device) * 0.5).to(dtype)
+    dy = torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+    if fmt is not None:
+        dy = dy.contiguous(memory_format=fmt)
+    return x, w, b, dy
+
+
+def check_correctness(x, G, w, b, dy, eps=1e-5):
+    """Relative errors ||gnext - ref|| / ||ref|| of out, dx, dw, db vs float64 F.group_norm,
+    computed in batch slices to bound memory."""
+    xg = x.detach().requires_grad_()
+    wg, bg = w.detach().requires_grad_(), b.detach().requires_grad_()
+    out = ge.group_norm(xg, G, wg, bg, eps)
+    dx, dw, db = torch.autograd.grad(out, (xg, wg, bg), dy)
+    sq = {k: [0.0, 0.0] for k in ("out", "dx")}
+    dw_ref = torch.zeros(w.shape, dtype=torch.float64, device=x.device)
+    db_ref = torch.zeros_like(dw_ref)
+    step = max(1, int(2**28 // max(1, x[0].numel())))
+    for s in range(0, x.shape[0], step):
+        xs = x[s:s + step].double().requires_grad_()
+        wd, bd = w.double().requires_grad_(), b.double().requires_grad_()
+        ref = F.group_norm(xs, G, wd, bd, eps)
+        rdx, rdw, rdb = torch.autograd.grad(ref, (xs, wd, bd), dy[s:s + step].double())
+        for k, mine, r in (("out", out[s:s + step], ref), ("dx", dx[s:s + step], rdx)):
+            sq[k][0] += (mine.double() - r).pow(2).sum().item()
+            sq[k][1] += r.pow(2).sum().item()
+        dw_ref += rdw
+        db_ref += rdb
+        del xs, ref, rdx
+    errs = {k: math.sqrt(a / max(bb, 1e-300)) for k, (a, bb) in sq.items()}
+    errs["dw"] = ((dw.double() - dw_ref).norm() / dw_ref.norm()).item()
+    errs["db"] = ((db.double() - db_ref).norm() / db_ref.norm()).item()
+    errs["finite"] = bool(torch.isfinite(out).all() and torch.isfinite(dx).all())
+    return errs
+
+
+def run(args):
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    suite = SUITES["cpu" if device == "cpu" and args.suite == "default" else args.suite]
+    timer = Timer(device)
+    bw = copy_bandwidth(device, timer)
+    dev_name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+    meta = {
+        "device": dev_name,
+        "kind": device,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gnext": ge.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "copy_bandwidth_GBps": bw,
+        "timing": "median of CUDA-event-timed calls, L2 flushed before each" if device == "cuda" else "median perf_counter",
+    }
+    print(f"# {dev_name}, torch {torch.__version__}, copy bandwidth {bw:.0f} GB/s (read+write)", flush=True)
+    impls = {
+        "gnext": lambda x, G, w, b: ge.group_norm(x, G, w, b, 1e-5),
+        "eager": lambda x, G, w, b: F.group_norm(x, G, w, b, 1e-5),
+    }
+    use_compile = device == "cuda" and not args.no_compile
+    if use_compile:
+        impls["compile"] = None  # made per shape below
+    rows = []
+    it = tqdm(suite, desc="bench", file=sys.stdout) if tqdm else suite
+    for name, shape, G, dtype, fmt in it:
+        if not tqdm:
+            print(f"[bench] {name}", flush=True)
+        x, w, b, dy = make_inputs(shape, dtype, fmt, device)
+        nbytes = x.numel() * x.element_size()
+        floor_fwd = 2 * nbytes / (bw * 1e9) * 1e3
+        floor_fb = 5 * nbytes / (bw * 1e9) * 1e3
+        row = {"name": name, "shape": list(shape), "G": G, "dtype": str(dtype).replace("torch.", ""),
+               "layout": fmt_name(fmt), "MB": nbytes / 1e6, "floor_fwd_ms": floor_fwd, "floor_fwdbwd_ms": floor_fb}
+        row["check"] = check_correctness(x, G, w, b, dy)
+        for impl in impls:
+            if impl == "compile":
+                torch._dynamo.reset()
+                fn = torch.compile(lambda x, G, w, b: F.group_norm(x, G, w, b, 1e-5), fullgraph=True, dynamic=False)
+            else:
+                fn = impls[impl]
+            with torch.no_grad():
+                t_fwd = timer(lambda: fn(x, G, w, b))
+            xg, wg, bg = x.detach().requires_grad_(), w.detach().requires_grad_(), b.detach().requires_grad_()
+
+            def fwd_bwd():
+                y = fn(xg, G, wg, bg)
+                torch.autograd.grad(y, (xg, wg, bg), dy)
+
+            t_fb = timer(fwd_bwd)
+            row[impl] = {"fwd_ms": t_fwd, "fwdbwd_ms": t_fb,
+                         "fwd_frac_floor": floor_fwd / t_fwd, "fwdbwd_frac_floor": floor_fb / t_fb}
+            del xg, wg, bg
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+        del x, w, b, dy
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return meta, rows, list(impls)
+
+
+def to_markdown(meta, rows, impls):
+    lines = [
+        f"Device: {meta['device']} · torch {meta['torch']} (CUDA {meta['cuda']}) · {meta['date']} · "
+        f"copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s (read+write) · {meta['timing']}",
+        "",
+        "Times in ms; `frac` = floor / time (1.0 = at the copy-bandwidth floor); `x eager`, `x compile` = their time / gnext's.",
+        "",
+    ]
+    head = "| shape | MB | floor fwd | gnext fwd | frac | eager fwd | frac |"
+    sep = "|---|---:|---:|---:|---:|---:|---:|"
+    if "compile" in impls:
+        head += " compile fwd | frac |"
+        sep += "---:|---:|"
+    head += " gnext f+b | frac | eager f+b |"
+    sep += "---:|---:|---:|"
+    if "compile" in impls:
+        head += " compile f+b |"
+        sep += "---:|"
+    head += " fwd x eager | f+b x eager |"
+    sep += "---:|---:|"
+    if "compile" in impls:
+        head += " fwd x compile | f+b x compile |"
+        sep += "---:|---:|"
+    head += " max rel err |"
+    sep += "---:|"
+    lines += [head, sep]
+    for r in rows:
+        g, e = r["gnext"], r["eager"]
+        cells = [r["name"], f"{r['MB']:.0f}", f"{r['floor_fwd_ms']:.3f}", f"{g['fwd_ms']:.3f}", f"{g['fwd_frac_floor']:.2f}",
+                 f"{e['fwd_ms']:.3f}", f"{e['fwd_frac_floor']:.2f}"]
+        if "compile" in impls:
+            c = r["compile"]
+            cells += [f"{c['fwd_ms']:.3f}", f"{c['fwd_frac_floor']:.2f}"]
+        cells += [f"{g['fwdbwd_ms']:.3f}", f"{g['fwdbwd_frac_floor']:.2f}", f"{e['fwdbwd_ms']:.3f}"]
+        if "compile" in impls:
+            cells += [f"{r['compile']['fwdbwd_ms']:.3f}"]
+        cells += [f"{e['fwd_ms'] / g['fwd_ms']:.2f}", f"{e['fwdbwd_ms'] / g['fwdbwd_ms']:.2f}"]
+        if "compile" in impls:
+            c = r["compile"]
+            cells += [f"{c['fwd_ms'] / g['fwd_ms']:.2f}", f"{c['fwdbwd_ms'] / g['fwdbwd_ms']:.2f}"]
+        chk = r["check"]
+        cells += [f"{max(chk['out'], chk['dx'], chk['dw'], chk['db']):.1e}" + ("" if chk["finite"] else " NaN!")]
+        lines.append("| " + " | ".join(cells) + " |")
+    gm = lambda vals: math.exp(sum(math.log(v) for v in vals) / len(vals))  # noqa: E731
+    lines.append("")
+    summary = [f"geomean speedup vs eager: fwd {gm([r['eager']['fwd_ms'] / r['gnext']['fwd_ms'] for r in rows]):.2f}x, "
+               f"f+b {gm([r['eager']['fwdbwd_ms'] / r['gnext']['fwdbwd_ms'] for r in rows]):.2f}x"]
+    if "compile" in impls:
+        summary.append(f"vs torch.compile: fwd {gm([r['compile']['fwd_ms'] / r['gnext']['fwd_ms'] for r in rows]):.2f}x, "
+                       f"f+b {gm([r['compile']['fwdbwd_ms'] / r['gnext']['fwdbwd_ms'] for r in rows]):.2f}x")
+    lines.append("; ".join(summary))
+    return "\n".join(lines) + "\n"
+
+
+def plot(meta, rows, impls, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
+    names = [r["name"] for r in rows]
+    width = 0.8 / len(impls)
+    for ax, key, title in ((axes[0], "fwd_frac_floor", "forward"), (axes[1], "fwdbwd_frac_floor", "forward + backward")):
+        for i, impl in enumerate(impls):
+            ax.bar([j + i * width for j in range(len(rows))], [r[impl][key] for r in rows], width, label=impl)
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xticks([j + width * (len(impls) - 1) / 2 for j in range(len(rows))])
+        ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
+        ax.set_title(f"GroupNorm {title}: fraction of copy-bandwidth floor")
+    axes[0].set_ylabel("floor time / measured time")
+    axes[0].legend()
+    fig.suptitle(f"{meta['device']} · torch {meta['torch']} · {meta['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", default="default", choices=sorted(SUITES))
+    p.add_argument("--out", default=str(ROOT / "bench_results"), help="results folder")
+    p.add_argument("--tag", default=None, help="file name tag (default: device kind)")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
+    args = p.parse_args()
+    meta, rows, impls = run(args)
+    md = to_markdown(meta, rows, impls)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or meta["kind"]
+    (out / f"bench_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / f"bench_{tag}.md").write_text(md)
+    plot(meta, rows, impls, out / f"bench_{tag}.png")
+    print()
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
