@@ -9,6 +9,7 @@ Environment variables:
 import glob
 import os
 import site
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
@@ -52,13 +53,30 @@ def extension():
     )
 
 
+class BuildExt(BuildExtension.with_options(use_ninja=True)):
+    """Refuses an extension that carries its own copy of libstdc++ (a toolchain linking it
+    statically): two libstdc++ copies in one process crash on the first C++ error message."""
+
+    def build_extension(self, ext):
+        super().build_extension(ext)
+        path = self.get_ext_fullpath(ext.name)
+        try:
+            syms = subprocess.run(["nm", "--defined-only", path], capture_output=True, text=True).stdout
+        except OSError:
+            return
+        if "_ZNSt8ios_base4InitC1Ev" in syms or "_ZNSt6locale7classicEv" in syms:
+            raise RuntimeError(
+                f"{path} links libstdc++ statically (compiler {os.environ.get('CXX', 'c++')}). "
+                "Build with a compiler that links it dynamically, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc.")
+
+
 setup(
     name="gnext",
     version="0.1.0",
     description="Fast GroupNorm for PyTorch on NVIDIA GPUs (torch.ops.gnext)",
     packages=find_packages(include=["groupnorm_ext", "groupnorm_ext.*"]),
     ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt},
     python_requires=">=3.9",
     install_requires=["torch>=2.4"],
 )
