@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# gnext's two entry points: build the extension if needed (incremental, ninja), then
+#   scripts/run.sh bench [bench.py args]   benchmark on the GPU (small CPU suite without one)
+#   scripts/run.sh test  [pytest args]     test suite (GPU tests skip without CUDA)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+"$PY" -c "import torch" 2>/dev/null || { echo "torch is not installed for $PY: see README.md" >&2; exit 1; }
+if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda ]; then export CUDA_HOME=/usr/local/cuda; fi
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)}
+"$PY" -m pip install -q --no-build-isolation --no-deps -e .
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  bench) exec "$PY" scripts/bench.py "$@" ;;
+  test) exec "$PY" -m pytest -q tests "$@" ;;
+  *) echo "usage: scripts/run.sh bench|test [args]" >&2; exit 2 ;;
+esac
