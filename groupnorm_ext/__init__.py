@@ -5,7 +5,7 @@ Importing this package loads the compiled library, which registers
 * ``torch.ops.gnext.group_norm(input, num_groups, weight, bias, eps) -> (out, mean, rstd)``
 * ``torch.ops.gnext.group_norm_backward(grad_out, input, mean, rstd, weight, num_groups, output_mask)``
 
-with CPU and CUDA kernels, fake kernels and autograd (see ``_ops.py``).
+with CPU and CUDA kernels, C++ autograd and fake kernels (``_ops.py``).
 """
 from ._ops import ops
 from .functional import group_norm

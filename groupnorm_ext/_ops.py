@@ -1,5 +1,6 @@
-"""Loads the compiled library (registers torch.ops.gnext.*) and adds, from Python, what every
-op needs for torch.compile: fake (meta) kernels and autograd formulas."""
+"""Loads the compiled library, which registers torch.ops.gnext.* with CPU, CUDA and autograd
+(C++, csrc/group_norm/group_norm_autograd.cpp) kernels, and adds the fake (meta) kernels that
+torch.compile and torch.library.opcheck trace with."""
 from __future__ import annotations
 
 import torch
@@ -44,41 +45,3 @@ def _group_norm_backward_fake(grad_out, input, mean, rstd, weight, num_groups, o
     dw = input.new_empty((C,), dtype=pdtype) if output_mask[1] else None
     db = input.new_empty((C,), dtype=pdtype) if output_mask[2] else None
     return dx, dw, db
-
-
-def _group_norm_setup_context(ctx, inputs, output):
-    input, num_groups, weight, bias, _eps = inputs
-    _out, mean, rstd = output
-    ctx.mark_non_differentiable(mean, rstd)
-    ctx.save_for_backward(input, weight, mean, rstd)
-    ctx.num_groups = num_groups
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-
-
-def _group_norm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
-    input, weight, mean, rstd = ctx.saved_tensors
-    mask = [
-        ctx.needs_input_grad[0],
-        weight is not None and ctx.needs_input_grad[2],
-        ctx.bias_dtype is not None and ctx.needs_input_grad[3],
-    ]
-    if grad_out is None or not any(mask):
-        return None, None, None, None, None
-    dx, dw, db = ops.group_norm_backward(grad_out, input, mean, rstd, weight, ctx.num_groups, mask)
-    if db is not None and db.dtype != ctx.bias_dtype:
-        db = db.to(ctx.bias_dtype)
-    return dx, None, dw, db, None
-
-
-torch.library.register_autograd(
-    "gnext::group_norm", _group_norm_backward, setup_context=_group_norm_setup_context
-)
-
-
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError("gnext.group_norm_backward: double backward (gradient of the gradient) is not implemented")
-
-
-torch.library.register_autograd(
-    "gnext::group_norm_backward", _no_double_backward, setup_context=lambda ctx, inputs, output: None
-)
