@@ -193,16 +193,21 @@ __global__ void __launch_bounds__(256)
                              float4* __restrict__ coef, int64_t C, int64_t G, int64_t HxW) {
   __shared__ float2 scratch[33];
   const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, D = C / G;
+  // Warp w sums the K partials of channels w, w + nwarps, ... (lanes stride over k).
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   float2 acc = {0.f, 0.f};
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+  for (int64_t d = warp; d < D; d += nwarps) {
     const int64_t c = g * D + d;
     const float2* p = partial + n * L.s_n + c * L.s_c;
     float2 t = {0.f, 0.f};
-    for (int64_t k = 0; k < L.K; ++k) t = Sum2Op::combine(t, p[k * L.s_k]);
-    if (dsum) dsum[n * C + c] = t;
-    const float w = gamma ? to_float(gamma[c]) : 1.f;
-    acc.x = fmaf(w, t.x, acc.x);
-    acc.y = fmaf(w, t.y, acc.y);
+    for (int64_t k = lane; k < L.K; k += 32) t = Sum2Op::combine(t, p[k * L.s_k]);
+    t = warp_reduce<Sum2Op>(t);
+    if (lane == 0) {
+      if (dsum) dsum[n * C + c] = t;
+      const float w = gamma ? to_float(gamma[c]) : 1.f;
+      acc.x = fmaf(w, t.x, acc.x);
+      acc.y = fmaf(w, t.y, acc.y);
+    }
   }
   if (coef == nullptr) return;  // uniform across the block: only dgamma/dbeta wanted
   acc = block_reduce<Sum2Op>(acc, scratch);
