@@ -46,6 +46,8 @@ class GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
     ctx->saved_data["has_bias"] = defined(bias);
     if (defined(bias)) ctx->saved_data["bias_dtype"] = bias->scalar_type();
     ctx->mark_non_differentiable({mean, rstd});
+    // Only grad_out is used: no zero-filled gradients for mean/rstd (two extra kernels per step).
+    ctx->set_materialize_grads(false);
     return {out, mean, rstd};
   }
 
