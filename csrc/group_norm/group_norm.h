@@ -4,6 +4,7 @@
 #include <c10/util/Optional.h>
 
 #include <array>
+#include <limits>
 #include <tuple>
 
 namespace gnext {
@@ -53,25 +54,6 @@ inline GNShape check_group_norm_args(const char* op, const Tensor& input, int64_
   return {N, C, num_groups, C / num_groups, HxW};
 }
 
-// Checks the extra arguments of the backward op.
-inline void check_group_norm_backward_args(const char* op, const Tensor& grad_out, const Tensor& input,
-                                           const Tensor& mean, const Tensor& rstd, const GNShape& s) {
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out.shape=", grad_out.sizes(),
-              " must equal input.shape=", input.sizes());
-  TORCH_CHECK(grad_out.scalar_type() == input.scalar_type(), op, ": grad_out dtype (", grad_out.scalar_type(),
-              ") must equal input dtype (", input.scalar_type(), ")");
-  TORCH_CHECK(grad_out.device() == input.device(), op, ": grad_out is on ", grad_out.device(),
-              " but input is on ", input.device());
-  const std::pair<const Tensor*, const char*> stats[] = {{&mean, "mean"}, {&rstd, "rstd"}};
-  for (const auto& [t, name] : stats) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", t->scalar_type());
-    TORCH_CHECK(t->numel() == s.N * s.G, op, ": ", name, " must have N*G=", s.N * s.G, " elements, got shape ",
-                t->sizes());
-    TORCH_CHECK(t->device() == input.device(), op, ": ", name, " is on ", t->device(), " but input is on ",
-                input.device());
-  }
-}
-
 // Memory layout a kernel works on. The output keeps the input's memory format:
 // NCHW-contiguous in -> contiguous out; channels_last(_3d) in -> channels_last(_3d) out;
 // any other strides are first made contiguous. (The fake kernel in _ops.py follows the same rule.)
@@ -92,6 +74,50 @@ inline Tensor dense_input(const Tensor& input) {
 // Dtype of grad_weight / grad_bias: the weight's, else the input's.
 inline at::ScalarType param_grad_dtype(const Tensor& input, const OptTensor& weight) {
   return defined(weight) ? weight->scalar_type() : input.scalar_type();
+}
+
+// Checks every argument of the backward op and returns the problem sizes.
+inline GNShape check_group_norm_backward_args(const char* op, const Tensor& grad_out, const Tensor& input,
+                                              const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
+                                              int64_t num_groups) {
+  const GNShape s = check_group_norm_args(op, input, num_groups, weight, std::nullopt);
+  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out.shape=", grad_out.sizes(),
+              " must equal input.shape=", input.sizes());
+  TORCH_CHECK(grad_out.scalar_type() == input.scalar_type(), op, ": grad_out dtype (", grad_out.scalar_type(),
+              ") must equal input dtype (", input.scalar_type(), ")");
+  TORCH_CHECK(grad_out.device() == input.device(), op, ": grad_out is on ", grad_out.device(),
+              " but input is on ", input.device());
+  const std::pair<const Tensor*, const char*> stats[] = {{&mean, "mean"}, {&rstd, "rstd"}};
+  for (const auto& [t, name] : stats) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", t->scalar_type());
+    TORCH_CHECK(t->numel() == s.N * s.G, op, ": ", name, " must have N*G=", s.N * s.G, " elements, got shape ",
+                t->sizes());
+    TORCH_CHECK(t->device() == input.device(), op, ": ", name, " is on ", t->device(), " but input is on ",
+                input.device());
+  }
+  return s;
+}
+
+// Forward statistics of an input with no elements: undefined, NaN.
+inline void fill_empty_stats(Tensor& mean, Tensor& rstd) {
+  mean.fill_(std::numeric_limits<float>::quiet_NaN());
+  rstd.fill_(std::numeric_limits<float>::quiet_NaN());
+}
+
+// Backward outputs selected by output_mask, allocated: dx in the input's memory format,
+// grad_weight / grad_bias (C,) of param_grad_dtype. For an input with no elements the parameter
+// gradients are zeros.
+inline std::tuple<OptTensor, OptTensor, OptTensor> alloc_backward_outputs(const Tensor& input, const GNShape& s,
+                                                                           const OptTensor& weight,
+                                                                           std::array<bool, 3> output_mask) {
+  const auto popts = input.options().dtype(param_grad_dtype(input, weight));
+  auto param = [&](bool wanted) -> OptTensor {
+    if (!wanted) return std::nullopt;
+    return input.numel() == 0 ? at::zeros({s.C}, popts) : at::empty({s.C}, popts);
+  };
+  OptTensor dx;
+  if (output_mask[0]) dx = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
+  return {dx, param(output_mask[1]), param(output_mask[2])};
 }
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_cpu(const Tensor& input, int64_t num_groups, const OptTensor& weight,

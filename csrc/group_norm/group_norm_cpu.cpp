@@ -2,8 +2,6 @@
 // reference-quality fallback (correct first); the fast path is the CUDA one.
 #include <torch/library.h>
 
-#include <limits>
-
 #include "group_norm.h"
 
 namespace gnext {
@@ -27,9 +25,8 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cpu(const Tensor& input, int64_t n
   Tensor out = at::empty(input.sizes(), input.options().memory_format(fmt));
   Tensor mean = at::empty({s.N, s.G}, input.options().dtype(at::kFloat));
   Tensor rstd = at::empty_like(mean);
-  if (input.numel() == 0) {  // statistics of an empty group are undefined
-    mean.fill_(std::numeric_limits<float>::quiet_NaN());
-    rstd.fill_(std::numeric_limits<float>::quiet_NaN());
+  if (input.numel() == 0) {
+    fill_empty_stats(mean, rstd);
     return {out, mean, rstd};
   }
   const Tensor x = grouped_float(input, s);
@@ -48,17 +45,10 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cpu(const Tensor
                                                                     const Tensor& mean, const Tensor& rstd,
                                                                     const OptTensor& weight, int64_t num_groups,
                                                                     std::array<bool, 3> output_mask) {
-  const char* op = "gnext.group_norm_backward";
-  const GNShape s = check_group_norm_args(op, input, num_groups, weight, std::nullopt);
-  check_group_norm_backward_args(op, grad_out, input, mean, rstd, s);
-  const auto pdtype = param_grad_dtype(input, weight);
-  OptTensor dx, dgamma, dbeta;
-  if (input.numel() == 0) {
-    if (output_mask[0]) dx = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
-    if (output_mask[1]) dgamma = at::zeros({s.C}, input.options().dtype(pdtype));
-    if (output_mask[2]) dbeta = at::zeros({s.C}, input.options().dtype(pdtype));
-    return {dx, dgamma, dbeta};
-  }
+  const GNShape s = check_group_norm_backward_args("gnext.group_norm_backward", grad_out, input, mean, rstd,
+                                                   weight, num_groups);
+  auto [dx, dgamma, dbeta] = alloc_backward_outputs(input, s, weight, output_mask);
+  if (input.numel() == 0) return {dx, dgamma, dbeta};
   const Tensor x = grouped_float(input, s), dy = grouped_float(grad_out, s);
   const Tensor mu = mean.to(at::kFloat).reshape({s.N, s.G, 1, 1});
   const Tensor r = rstd.to(at::kFloat).reshape({s.N, s.G, 1, 1});
@@ -66,8 +56,8 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cpu(const Tensor
   // Per (n, c): sum of dy * (x - mean) and of dy over HxW.
   const Tensor dsc = (dy * xc).sum(3, /*keepdim=*/true);  // (N, G, D, 1)
   const Tensor dbc = dy.sum(3, /*keepdim=*/true);
-  if (output_mask[1]) dgamma = (dsc * r).sum(0).reshape({s.C}).to(pdtype);
-  if (output_mask[2]) dbeta = dbc.sum(0).reshape({s.C}).to(pdtype);
+  if (dgamma) dgamma->copy_((dsc * r).sum(0).reshape({s.C}));
+  if (dbeta) dbeta->copy_(dbc.sum(0).reshape({s.C}));
   if (output_mask[0]) {
     const Tensor gamma = defined(weight) ? param_grouped(weight, s) : at::ones({1, s.G, s.D, 1}, x.options());
     const double inv_count = 1.0 / static_cast<double>(s.D * s.HxW);
@@ -76,9 +66,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cpu(const Tensor
     // dx = rstd*gamma*dy + c2*(x - mean) + c3, c2 = -rstd^3*sum1/(D*HxW), c3 = -rstd*sum2/(D*HxW).
     const Tensor c2 = -r.pow(3) * sum1 * inv_count;
     const Tensor c3 = -r * sum2 * inv_count;
-    const Tensor g = (r * gamma * dy + c2 * xc + c3).view(input.sizes());
-    dx = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
-    dx->copy_(g);
+    dx->copy_((r * gamma * dy + c2 * xc + c3).view(input.sizes()));
   }
   return {dx, dgamma, dbeta};
 }

@@ -6,7 +6,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <limits>
 
 #include "group_norm.h"
 #include "group_norm_launch.h"
@@ -154,12 +153,11 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t 
   const Problem p = to_problem(s);
   c10::cuda::CUDAGuard guard(input.device());
   const Tensor x_in = dense_input(input);
-  Tensor out = at::empty_like(x_in);
+  Tensor out = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
   Tensor mean = at::empty({s.N, s.G}, input.options().dtype(at::kFloat));
   Tensor rstd = at::empty_like(mean);
-  if (input.numel() == 0) {  // statistics of an empty group are undefined
-    mean.fill_(std::numeric_limits<float>::quiet_NaN());
-    rstd.fill_(std::numeric_limits<float>::quiet_NaN());
+  if (input.numel() == 0) {
+    fill_empty_stats(mean, rstd);
     return {out, mean, rstd};
   }
   const OptTensor w = defined(weight) ? OptTensor(weight->contiguous()) : std::nullopt;
@@ -189,24 +187,14 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
                                                                      const Tensor& mean, const Tensor& rstd,
                                                                      const OptTensor& weight, int64_t num_groups,
                                                                      std::array<bool, 3> output_mask) {
-  const char* op = "gnext.group_norm_backward";
-  const GNShape s = check_group_norm_args(op, input, num_groups, weight, std::nullopt);
-  check_group_norm_backward_args(op, grad_out, input, mean, rstd, s);
+  const GNShape s = check_group_norm_backward_args("gnext.group_norm_backward", grad_out, input, mean, rstd,
+                                                   weight, num_groups);
   const Problem p = to_problem(s);
   c10::cuda::CUDAGuard guard(input.device());
-  const auto pdtype = param_grad_dtype(input, weight);
   const bool need_params = output_mask[1] || output_mask[2];
-  OptTensor dx, dgamma, dbeta;
-  if (output_mask[1]) dgamma = at::empty({s.C}, input.options().dtype(pdtype));
-  if (output_mask[2]) dbeta = at::empty({s.C}, input.options().dtype(pdtype));
+  auto [dx, dgamma, dbeta] = alloc_backward_outputs(input, s, weight, output_mask);
+  if (input.numel() == 0 || (!output_mask[0] && !need_params)) return {dx, dgamma, dbeta};
   const Tensor x_in = dense_input(input);
-  if (output_mask[0]) dx = at::empty_like(x_in);
-  if (input.numel() == 0) {
-    if (dgamma) dgamma->zero_();
-    if (dbeta) dbeta->zero_();
-    return {dx, dgamma, dbeta};
-  }
-  if (!output_mask[0] && !need_params) return {dx, dgamma, dbeta};
   const Tensor mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
   const OptTensor w = defined(weight) ? OptTensor(weight->contiguous()) : std::nullopt;
   const Tensor dy_in = grad_out.contiguous(group_norm_memory_format(x_in));
@@ -230,7 +218,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
       mean_c.data_ptr<float>(), rstd_c.data_ptr<float>(), ptr_or_null(w),
       need_params ? dsum.data_ptr<float>() : nullptr, output_mask[0] ? coef.data_ptr<float>() : nullptr, stream));
   if (need_params)
-    C10_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(pdtype), p, dsum.data_ptr<float>(),
+    C10_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(param_grad_dtype(input, weight)), p, dsum.data_ptr<float>(),
                                                   rstd_c.data_ptr<float>(), dgamma ? dgamma->data_ptr() : nullptr,
                                                   dbeta ? dbeta->data_ptr() : nullptr, stream));
   if (output_mask[0]) {
