@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import groupnorm_ext  # noqa: F401  (registers torch.ops.gnext)
 
@@ -63,16 +62,25 @@ def assert_close_to_ref(out, ref, dtype, tol):
 
 
 def reference(x, num_groups, weight, bias, eps, dy=None):
-    """float64 forward (and gradients for dy) through torch.nn.functional.group_norm."""
+    """float64 GroupNorm from its definition (Wu & He 2018: biased variance over each group of
+    C/G channels x spatial positions), differentiated by autograd for dy. Also valid for groups of
+    a single value, which torch.nn.functional.group_norm refuses."""
+    N, C = x.shape[0], x.shape[1]
     xd = x.detach().double().contiguous().requires_grad_(dy is not None)
     wd = weight.detach().double().requires_grad_(dy is not None) if weight is not None else None
     bd = bias.detach().double().requires_grad_(dy is not None) if bias is not None else None
-    y = F.group_norm(xd, num_groups, wd, bd, eps)
-    shaped = xd.view(xd.shape[0], num_groups, -1)
-    mean = shaped.mean(-1)
-    rstd = (shaped.var(-1, unbiased=False) + eps).rsqrt()
+    shaped = xd.view(N, num_groups, -1)
+    mean = shaped.mean(-1, keepdim=True)
+    var = (shaped - mean).pow(2).mean(-1, keepdim=True)
+    rstd = (var + eps).rsqrt()
+    y = ((shaped - mean) * rstd).view(xd.shape)
+    pshape = (1, C) + (1,) * (xd.dim() - 2)
+    if wd is not None:
+        y = y * wd.view(pshape)
+    if bd is not None:
+        y = y + bd.view(pshape)
     if dy is None:
-        return y.detach(), mean.detach(), rstd.detach()
+        return y.detach(), mean.detach().view(N, num_groups), rstd.detach().view(N, num_groups)
     inputs = [t for t in (xd, wd, bd) if t is not None]
     grads = torch.autograd.grad(y, inputs, dy.double())
     it = iter(grads)
