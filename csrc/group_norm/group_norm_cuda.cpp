@@ -19,8 +19,8 @@ using gn::Problem;
 using gn::ReduceGeometry;
 using gn::ScalarKind;
 
-constexpr int kUnroll = 4;        // vector loads in flight per thread (group_norm_kernels.cuh)
-constexpr int kMaxThreads = 512;  // block size cap of the kernels
+using gn::kMaxThreads;
+using gn::kUnroll;
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -51,22 +51,42 @@ int vector_width(at::ScalarType t, int64_t inner, std::initializer_list<const vo
   return vmax;
 }
 
-// NHWC thread layout: tpr threads across the C/V channel vectors of a row, rpi rows at once.
-void nhwc_threads(const Problem& p, int V, int& tpr, int& rpi, int& threads) {
+// NHWC: tpr threads across the C/V channel vectors of a row, rpi rows at once; CTAs take ranges
+// of `chunk` rows: enough CTAs to fill the GPU, each with a few full row sweeps, and few enough
+// partials that the per-group finalize (D*K merges) stays cheap.
+struct NhwcSplit {
+  int tpr, rpi, threads;
+  int64_t chunk, K;
+};
+NhwcSplit nhwc_split(const Problem& p, int V) {
   constexpr int kThreads = 256;
+  NhwcSplit s{};
   const int CV = static_cast<int>(p.C / V);
-  tpr = std::min(CV, kThreads);
-  rpi = std::max(1, kThreads / tpr);
-  threads = static_cast<int>(round_up(static_cast<int64_t>(tpr) * rpi, 32));
+  s.tpr = std::min(CV, kThreads);
+  s.rpi = std::max(1, kThreads / s.tpr);
+  s.threads = static_cast<int>(round_up(static_cast<int64_t>(s.tpr) * s.rpi, 32));
+  int64_t K = ceil_div(target_ctas(), p.N);
+  K = std::min(K, ceil_div(p.HxW, static_cast<int64_t>(s.rpi) * kUnroll));
+  K = std::min(K, std::max<int64_t>(1, (int64_t{1} << 15) / p.D));
+  s.chunk = ceil_div(p.HxW, std::max<int64_t>(K, 1));
+  s.K = ceil_div(p.HxW, s.chunk);
+  return s;
 }
 
-// NHWC row ranges: enough CTAs to fill the GPU, each with a few full row sweeps, and few enough
-// partials that the per-group finalize (D*K merges) stays cheap.
-int64_t nhwc_rows_per_cta(const Problem& p, int rpi) {
-  int64_t K = ceil_div(target_ctas(), p.N);
-  K = std::min(K, ceil_div(p.HxW, static_cast<int64_t>(rpi) * kUnroll));
-  K = std::min(K, std::max<int64_t>(1, (int64_t{1} << 15) / p.D));
-  return ceil_div(p.HxW, std::max<int64_t>(K, 1));
+// NCHW: each of the N*C rows of HxW split into K chunks of `chunk` elements (a multiple of V), one
+// CTA each, so that about target_ctas() CTAs run; at most max_k chunks per row.
+struct RowSplit {
+  int64_t K, chunk;
+  int threads;
+};
+RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k) {
+  const int64_t rows = p.N * p.C;
+  const int64_t K = rows >= target_ctas() ? 1 : std::min(ceil_div(target_ctas(), rows), std::max<int64_t>(1, max_k));
+  RowSplit s{};
+  s.chunk = round_up(ceil_div(p.HxW, K), V);
+  s.K = ceil_div(p.HxW, s.chunk);
+  s.threads = static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(s.chunk / V, kUnroll), 32), 32, kMaxThreads));
+  return s;
 }
 
 ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_bytes) {
@@ -74,17 +94,13 @@ ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_
   g.nhwc = nhwc;
   g.vec = V;
   if (nhwc) {
-    nhwc_threads(p, V, g.tpr, g.rpi, g.threads);
-    g.chunk = nhwc_rows_per_cta(p, g.rpi);
-    g.K = ceil_div(p.HxW, g.chunk);
+    const NhwcSplit s = nhwc_split(p, V);
+    g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk, g.K = s.K;
     g.smem = static_cast<size_t>(g.rpi) * p.C * state_bytes;
     return g;
   }
-  const int64_t rows = p.N * p.C;
-  int64_t K = rows >= target_ctas() ? 1 : std::min(ceil_div(target_ctas(), rows), std::max<int64_t>(1, p.HxW / 4096));
-  g.chunk = round_up(ceil_div(p.HxW, K), V);
-  g.K = ceil_div(p.HxW, g.chunk);
-  g.threads = static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(g.chunk / V, kUnroll), 32), 32, kMaxThreads));
+  const RowSplit s = nchw_row_split(p, V, p.HxW / 4096);
+  g.K = s.K, g.chunk = s.chunk, g.threads = s.threads;
   return g;
 }
 
@@ -93,10 +109,10 @@ AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V) {
   g.nhwc = nhwc;
   g.vec = V;
   if (nhwc) {
-    nhwc_threads(p, V, g.tpr, g.rpi, g.threads);
-    g.chunk = nhwc_rows_per_cta(p, g.rpi);
+    const NhwcSplit s = nhwc_split(p, V);
+    g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk;
     g.grid_x = static_cast<unsigned>(p.N);
-    g.grid_y = static_cast<unsigned>(ceil_div(p.HxW, g.chunk));
+    g.grid_y = static_cast<unsigned>(s.K);
     return g;
   }
   const int64_t rows = p.N * p.C, hwv = p.HxW / V;
@@ -111,12 +127,12 @@ AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V) {
     g.chunk = p.HxW;
     return g;
   }
-  int64_t K = rows >= target_ctas() ? 1 : std::min(ceil_div(target_ctas(), rows), std::max<int64_t>(1, hwv / kVecsPerCta));
+  const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta);  // long rows, split in chunks
   g.rows_per_cta = 1;
-  g.chunk = round_up(ceil_div(p.HxW, K), V);
+  g.chunk = s.chunk;
+  g.threads = s.threads;
   g.grid_x = static_cast<unsigned>(rows);
-  g.grid_y = static_cast<unsigned>(ceil_div(p.HxW, g.chunk));
-  g.threads = static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(g.chunk / V, kUnroll), 32), 32, kMaxThreads));
+  g.grid_y = static_cast<unsigned>(s.K);
   return g;
 }
 

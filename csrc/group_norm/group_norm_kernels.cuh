@@ -18,9 +18,6 @@
 namespace gnext {
 namespace gn {
 
-constexpr int kUnroll = 4;        // independent vector loads in flight per thread
-constexpr int kMaxThreads = 512;  // block size cap of every kernel below
-
 // ---------------------------------------------------------------------------------------------
 // What a reduction accumulates per channel.
 struct MomentsReducer {  // forward: Welford statistics of x

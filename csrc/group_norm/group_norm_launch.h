@@ -10,6 +10,10 @@
 namespace gnext {
 namespace gn {
 
+// Shared by the kernels (loop unrolling, __launch_bounds__) and the host launch geometry.
+constexpr int kUnroll = 4;        // independent vector loads in flight per thread
+constexpr int kMaxThreads = 512;  // block size cap of every kernel
+
 enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
 
 // input (N, C, *), HxW = prod(spatial), D = C / G.
