@@ -181,6 +181,8 @@ def run(args):
     use_compile = device == "cuda" and not args.no_compile
     if use_compile:
         impls["compile"] = None  # made per shape below
+    if device == "cuda":  # gnext's two-pass kernels (the one-pass kernel switched off), for comparison
+        impls["gnext_2pass"] = impls["gnext"]
     rows = []
     it = tqdm(suite, desc="bench", file=sys.stdout) if tqdm else suite
     for name, shape, G, dtype, fmt in it:
@@ -199,6 +201,8 @@ def run(args):
                 fn = torch.compile(lambda x, G, w, b: F.group_norm(x, G, w, b, 1e-5), fullgraph=True, dynamic=False)
             else:
                 fn = impls[impl]
+            if impl == "gnext_2pass":
+                os.environ["GNEXT_ONEPASS"] = "0"
             with torch.no_grad():
                 t_fwd = timer(lambda: fn(x, G, w, b))
             xg, wg, bg = x.detach().requires_grad_(), w.detach().requires_grad_(), b.detach().requires_grad_()
@@ -208,6 +212,7 @@ def run(args):
                 torch.autograd.grad(y, (xg, wg, bg), dy)
 
             t_fb = timer(fwd_bwd)
+            os.environ.pop("GNEXT_ONEPASS", None)
             row[impl] = {"fwd_ms": t_fwd, "fwdbwd_ms": t_fb,
                          "fwd_frac_floor": floor_fwd / t_fwd, "fwdbwd_frac_floor": floor_fb / t_fb}
             del xg, wg, bg
@@ -225,7 +230,8 @@ def to_markdown(meta, rows, impls):
         f"Device: {meta['device']} · torch {meta['torch']} (CUDA {meta['cuda']}) · {meta['date']} · "
         f"copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s (read+write) · {meta['timing']}",
         "",
-        "Times in ms; `frac` = floor / time (1.0 = at the copy-bandwidth floor); `x eager`, `x compile` = their time / gnext's.",
+        "Times in ms; `frac` = floor / time (1.0 = at the copy-bandwidth floor); `x eager`, `x compile` = their time / gnext's; "
+        "`2-pass` = gnext with its one-pass kernel switched off (GNEXT_ONEPASS=0).",
         "",
     ]
     head = "| shape | MB | floor fwd | gnext fwd | frac | eager fwd | frac |"
@@ -242,6 +248,9 @@ def to_markdown(meta, rows, impls):
     sep += "---:|---:|"
     if "compile" in impls:
         head += " fwd x compile | f+b x compile |"
+        sep += "---:|---:|"
+    if "gnext_2pass" in impls:
+        head += " 2-pass fwd | 2-pass f+b |"
         sep += "---:|---:|"
     head += " max rel err |"
     sep += "---:|"
@@ -260,6 +269,8 @@ def to_markdown(meta, rows, impls):
         if "compile" in impls:
             c = r["compile"]
             cells += [f"{c['fwd_ms'] / g['fwd_ms']:.2f}", f"{c['fwdbwd_ms'] / g['fwdbwd_ms']:.2f}"]
+        if "gnext_2pass" in impls:
+            cells += [f"{r['gnext_2pass']['fwd_ms']:.3f}", f"{r['gnext_2pass']['fwdbwd_ms']:.3f}"]
         chk = r["check"]
         cells += [f"{max(chk['out'], chk['dx'], chk['dw'], chk['db']):.1e}" + ("" if chk["finite"] else " NaN!")]
         lines.append("| " + " | ".join(cells) + " |")

@@ -192,6 +192,95 @@ def test_gpu_large(case, dtype):
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=11)
 
 
+# One-pass kernel geometries (group_norm_onepass.cuh); each also runs the two-pass kernels
+# (GNEXT_ONEPASS=0) so that both paths stay tested on shapes that take the one-pass kernel.
+# (Geometry noted for the H100 defaults: 132 SMs x 2 CTAs of 256 threads, 2 stages.)
+ONEPASS_CASES = [
+    ((2, 16, 256, 256), 4),  # few groups: channel pieces, one tile per CTA, CTAs wait on each other
+    ((8, 64, 40, 40), 4),  # few groups: 2-channel tiles, one per CTA (backward: 4 warps per channel)
+    ((16, 64, 96, 96), 8),  # one channel per tile, streamed through the stages, waits across waves
+    ((40, 64, 48, 48), 8),  # multi-channel tiles streamed (backward: 3 channels, 2 warps each)
+    ((4, 32, 512, 512), 8),  # channel pieces streamed
+    ((64, 512, 4, 4), 1),  # HxW = 16: 128 channels per tile (a warp per channel)
+    ((4, 256, 8, 8), 2),  # HxW = 64: a group per CTA
+    ((2, 320, 64, 64), 32),  # a group per CTA, no waits
+    ((3, 24, 1000), 6),  # 3D
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("onepass", ["1", "0"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ONEPASS_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-G{c[1]}")
+def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
+    monkeypatch.setenv("GNEXT_ONEPASS", onepass)
+    run_case(*case, None, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=13)
+
+
+def _cuda_kernels(fn):
+    """Names of the CUDA kernels (not memsets/copies) that fn() launches."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and "memset" not in e.name.lower()
+            and "memcpy" not in e.name.lower()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,G,dtype,fwd_kernels,bwd_kernels", [
+    ((2, 320, 64, 64), 32, torch.float16, 1, 2),  # small: one launch forward, two backward
+    ((4, 32, 512, 512), 8, torch.float32, 1, 2),  # + one memset of the counters
+])
+def test_gpu_onepass_launches(shape, G, dtype, fwd_kernels, bwd_kernels):
+    x = rand_input(shape, dtype, "cuda")
+    w = torch.rand(shape[1], device="cuda", dtype=dtype) + 0.5
+    dy = torch.randn_like(x)
+    out, mean, rstd = torch.ops.gnext.group_norm(x, G, w, w, 1e-5)
+    fwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, G, w, w, 1e-5))
+    bwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True]))
+    assert len(fwd) == fwd_kernels and "onepass_nchw_kernel" in fwd[0], fwd
+    assert len(bwd) == bwd_kernels and any("onepass_nchw_kernel" in k for k in bwd), bwd
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,G", [((4, 32, 512, 512), 8), ((16, 64, 96, 96), 8), ((2, 320, 64, 64), 32),
+                                     ((2, 64, 96, 96), 8)], ids=str)
+def test_gpu_cuda_graph_replay(shape, G):
+    """Forward + backward captured in a CUDA graph (memset of the counters and cooperative
+    launches included) give the same bits on replay as eagerly, for fresh inputs copied in."""
+    x = rand_input(shape, torch.float32, "cuda")
+    w = torch.rand(shape[1], device="cuda") + 0.5
+    b = torch.randn(shape[1], device="cuda")
+    dy = torch.randn_like(x)
+    sx, sdy = x.clone(), dy.clone()
+
+    def step():
+        out, mean, rstd = torch.ops.gnext.group_norm(sx, G, w, b, 1e-5)
+        return (out, mean, rstd) + tuple(torch.ops.gnext.group_norm_backward(sdy, sx, mean, rstd, w, G,
+                                                                             [True, True, True]))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(100 + seed)
+        sx.copy_(rand_input(shape, torch.float32, "cuda", gen=gen))
+        sdy.copy_(torch.randn(shape, generator=gen).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step()
+        for a, r in zip(static_out, eager):
+            assert torch.equal(a, r)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", [None, CL], ids=["nchw", "cl"])
 def test_gpu_deterministic(fmt):
@@ -221,7 +310,8 @@ def test_gpu_matches_cpu_op():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,fmt", [((2, 32, 32768, 1056), None), ((1, 64, 2048, 16896), CL)], ids=["nchw", "cl"])
+@pytest.mark.parametrize("shape,fmt", [((2, 32, 32768, 1056), None), ((1, 64, 2048, 16896), CL),
+                                       ((520, 32, 512, 256), None)], ids=["nchw", "cl", "nchw-onepass"])
 def test_gpu_beyond_2_31_elements(shape, fmt):
     """~2.2e9 float16 elements: offsets past 2^31 must use 64-bit indexing. Checks the first and
     last group against float64 statistics and the normalized values."""
@@ -230,7 +320,7 @@ def test_gpu_beyond_2_31_elements(shape, fmt):
     numel = 1
     for s in shape:
         numel *= s
-    if free < numel * 2 * 4 + (4 << 30):
+    if free < numel * 2 * 4 + (8 << 30):
         pytest.skip("not enough GPU memory")
     assert numel > 2**31
     x = torch.empty(shape, dtype=torch.float16, device="cuda", memory_format=fmt or torch.contiguous_format)
@@ -247,9 +337,12 @@ def test_gpu_beyond_2_31_elements(shape, fmt):
         err = ((out[n, g * D:(g + 1) * D].double() - ref).norm() / ref.norm()).item()
         assert err < 1e-3, err
         del xs, ref
-    # backward on the same tensor: dbeta = sum dy over N and HxW in float32
+    del out
+    # backward on the same tensor with dy = 1: dbeta = sum dy over N and HxW (float32), dx = 0
     dy = torch.ones_like(x)
-    _, _, db = torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, torch.ones(C, device="cuda"), G,
-                                                   [False, False, True])
+    dx, _, db = torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, torch.ones(C, device="cuda"), G,
+                                                    [True, False, True])
     expected = float(numel // C)
     torch.testing.assert_close(db, torch.full_like(db, expected), rtol=1e-5, atol=0)
+    for n, g in [(0, 0), (N - 1, G - 1)]:
+        assert dx[n, g * D:(g + 1) * D].abs().max().item() < 1e-3

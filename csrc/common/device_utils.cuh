@@ -1,6 +1,6 @@
-// Device helpers shared by every gnext kernel: float conversion, 16-byte vector
-// loads/stores, Welford states and their merge (Chan et al.), deterministic warp/block
-// reductions, and a 32-bit fast divider.
+// Device helpers shared by every gnext kernel: float conversion, 16-byte vector loads/stores,
+// cp.async copies, inter-CTA counters, Welford states and their merge (Chan et al.),
+// deterministic warp/block reductions, and a 32-bit fast divider.
 #pragma once
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -66,6 +66,45 @@ __device__ __forceinline__ void store_vec(T* p, const float* in) {
 #pragma unroll
   for (int j = 0; j < V; ++j) pk.v[j] = static_cast<T>(in[j]);
   stg_raw(reinterpret_cast<typename Pack<T, V>::Raw*>(p), pk.raw);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Asynchronous global -> shared copies (cp.async, sm_80+): 16 bytes per call, cached in L2 only.
+// Each thread commits its copies as one group; wait_group<N> returns once at most N of the
+// thread's most recent groups are still in flight (a __syncthreads() then publishes them).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// 16-byte shared-memory load of V elements of T (V * sizeof(T) == 16) into floats.
+template <typename T, int V>
+__device__ __forceinline__ void lds_vec(const T* p, float* out) {
+  Pack<T, V> pk;
+  pk.raw = *reinterpret_cast<const typename Pack<T, V>::Raw*>(p);
+#pragma unroll
+  for (int j = 0; j < V; ++j) out[j] = to_float(pk.v[j]);
+}
+
+// Inter-CTA signalling through an integer counter in global memory (no float atomics):
+// arrive() publishes this thread's earlier global writes (release), wait_count() spins until the
+// counter reaches `target` (acquire). Only valid when every CTA involved is co-resident.
+__device__ __forceinline__ void arrive(unsigned* counter) {
+  __threadfence();
+  atomicAdd(counter, 1u);
+}
+__device__ __forceinline__ void wait_count(const unsigned* counter, unsigned target) {
+  unsigned v;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+    if (v >= target) break;
+    __nanosleep(64);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

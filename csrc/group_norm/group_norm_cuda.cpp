@@ -6,6 +6,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 
 #include "group_norm.h"
 #include "group_norm_launch.h"
@@ -14,6 +16,8 @@ namespace gnext {
 namespace {
 
 using gn::AffineGeometry;
+using gn::OnePassArgs;
+using gn::OnePassGeometry;
 using gn::PartialLayout;
 using gn::Problem;
 using gn::ReduceGeometry;
@@ -150,6 +154,68 @@ bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std::initia
   return g.smem <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
 }
 
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' ? std::atoi(v) : dflt;
+}
+
+// One-pass plan (see OnePassGeometry in group_norm_launch.h) for a contiguous NCHW input, or
+// nullopt when the two-pass kernels must run: rows not 16-byte aligned, a group too large to be
+// held in shared memory across the grid, or GNEXT_ONEPASS=0 in the environment.
+// Tuning knobs (environment, for measurements): GNEXT_ONEPASS_CTAS (CTAs per SM, default 2),
+// GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
+// H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
+std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType t, bool bwd,
+                                                std::initializer_list<const void*> ptrs) {
+  if (env_int("GNEXT_ONEPASS", 1) == 0) return std::nullopt;
+  const int V = vector_width(t, p.HxW, ptrs);
+  if (V == 1) return std::nullopt;
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", 2), 1, 4);
+  const int stages = std::clamp(env_int("GNEXT_ONEPASS_NBUF", 2), 2, 4);
+  const int64_t slots = static_cast<int64_t>(prop->multiProcessorCount) * ctas;  // co-resident CTAs
+  const int threads = std::max(128, gn::kOnePassThreads / ctas / 32 * 32);
+  const int64_t bytes = static_cast<int64_t>(c10::elementSize(t)) * (bwd ? 2 : 1);  // smem per element
+  const int64_t per_cta = ctas == 1 ? static_cast<int64_t>(prop->sharedMemPerBlockOptin)
+                                    : static_cast<int64_t>(prop->sharedMemPerMultiprocessor) / ctas -
+                                          static_cast<int64_t>(prop->reservedSharedMemPerBlock);
+  const int64_t avail = std::min<int64_t>(per_cta, prop->sharedMemPerBlockOptin) - gn::kOnePassStaticSmem;
+  const int64_t U = p.N * p.G, L = p.D * p.HxW;
+  // Tiles of at most `cap` elements: whole channels (balanced over the group) or equal pieces of one.
+  auto make = [&](int nbuf, int64_t cap) -> std::optional<OnePassGeometry> {
+    cap = cap / V * V;
+    if (cap < V) return std::nullopt;
+    OnePassGeometry g{};
+    g.nbuf = nbuf, g.vec = V, g.threads = threads;
+    if (p.HxW <= cap) {
+      g.T = ceil_div(p.D, cap / p.HxW);
+      g.cpt = ceil_div(p.D, g.T);
+      g.sub = 1;
+      g.tile = g.cpt * p.HxW;
+    } else {
+      g.sub = ceil_div(p.HxW, cap);
+      g.tile = round_up(ceil_div(p.HxW, g.sub), V);
+      g.cpt = 1;
+      g.T = p.D * g.sub;
+    }
+    const int64_t tiles = U * g.T;
+    g.grid = static_cast<unsigned>(std::min(tiles, slots));
+    if (g.T > g.grid || (nbuf == 1 && tiles > g.grid)) return std::nullopt;
+    g.smem = static_cast<size_t>(nbuf * g.tile * bytes);
+    return g;
+  };
+  // Few groups: split each over slots / U CTAs, one tile per CTA. Up to one group per CTA: one
+  // tile each, no inter-CTA waits. Otherwise stream tiles through `stages` (else 2) stages.
+  if (4 * U <= slots)
+    if (auto g = make(1, std::min(avail / bytes, round_up(ceil_div(L, slots / U), V)))) return g;
+  if (U <= slots)
+    if (auto g = make(1, avail / bytes)) return g;
+  if (auto g = make(stages, avail / stages / bytes)) return g;
+  if (stages != 2)
+    if (auto g = make(2, avail / 2 / bytes)) return g;
+  return std::nullopt;
+}
+
 // Element type of gamma/beta: float32 or the input's.
 ScalarKind param_kind(const OptTensor& a, const OptTensor& b, at::ScalarType fallback) {
   if (defined(a)) return scalar_kind(a->scalar_type());
@@ -158,6 +224,15 @@ ScalarKind param_kind(const OptTensor& a, const OptTensor& b, at::ScalarType fal
 }
 
 const void* ptr_or_null(const OptTensor& t) { return defined(t) ? t->data_ptr() : nullptr; }
+
+// Zeroed per-group counters for a one-pass launch whose groups span several tiles; else undefined.
+Tensor onepass_counters(const OnePassGeometry& g, const Problem& p, const Tensor& like, cudaStream_t stream) {
+  if (g.T == 1) return Tensor();
+  Tensor c = at::empty({p.N * p.G}, like.options().dtype(at::kInt));
+  C10_CUDA_CHECK(cudaMemsetAsync(c.data_ptr(), 0, c.nbytes(), stream));
+  return c;
+}
+unsigned* counters_ptr(const Tensor& c) { return c.defined() ? static_cast<unsigned*>(c.data_ptr()) : nullptr; }
 
 Problem to_problem(const GNShape& s) { return {s.N, s.C, s.G, s.D, s.HxW}; }
 
@@ -184,10 +259,22 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t 
   Tensor y = x.is_same(x_in) ? out : at::empty_like(x);
   const ScalarKind t = scalar_kind(input.scalar_type());
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr()});
+  auto stream = at::cuda::getCurrentCUDAStream();
+  if (const auto og = nhwc ? std::nullopt : onepass_geometry(p, input.scalar_type(), false, {x.data_ptr(), y.data_ptr()})) {
+    Tensor partial = at::empty({s.N * s.G * og->T * 3}, mean.options());
+    const Tensor counters = onepass_counters(*og, p, mean, stream);
+    OnePassArgs a{};
+    a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
+    a.wt = param_kind(w, b, at::kFloat);
+    a.mean = mean.data_ptr<float>(), a.rstd = rstd.data_ptr<float>(), a.partial = partial.data_ptr<float>();
+    a.counters = counters_ptr(counters), a.eps = static_cast<float>(eps);
+    C10_CUDA_CHECK(gn::launch_onepass(false, t, p, *og, a, stream));
+    if (!y.is_same(out)) out.copy_(y);
+    return {out, mean, rstd};
+  }
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
   Tensor partial = at::empty({s.N * s.C * rg.K * 3}, mean.options());
   Tensor coef = at::empty({s.N, s.C, 4}, mean.options());
-  auto stream = at::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial.data_ptr<float>(), stream));
   C10_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, at::kFloat), p, partial_layout(p, rg),
                                              partial.data_ptr<float>(), ptr_or_null(w), ptr_or_null(b),
@@ -222,21 +309,42 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
   const ScalarKind t = scalar_kind(input.scalar_type());
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW,
                              {x.data_ptr(), dy.data_ptr(), dx_work.defined() ? dx_work.data_ptr() : nullptr});
+  Tensor dsum = need_params ? at::empty({s.N, s.C, 2}, mean_c.options()) : Tensor();
+  auto stream = at::cuda::getCurrentCUDAStream();
+  auto gamma_beta = [&] {
+    if (need_params)
+      C10_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(param_grad_dtype(input, weight)), p,
+                                                    dsum.data_ptr<float>(), rstd_c.data_ptr<float>(),
+                                                    dgamma ? dgamma->data_ptr() : nullptr,
+                                                    dbeta ? dbeta->data_ptr() : nullptr, stream));
+  };
+  const auto og = nhwc || !output_mask[0]
+                      ? std::nullopt
+                      : onepass_geometry(p, input.scalar_type(), true, {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
+  if (og) {
+    Tensor partial = at::empty({s.N * s.C * og->sub * 2}, mean_c.options());
+    const Tensor counters = onepass_counters(*og, p, mean_c, stream);
+    OnePassArgs a{};
+    a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
+    a.wt = param_kind(w, std::nullopt, at::kFloat);
+    a.mean = mean_c.data_ptr<float>(), a.rstd = rstd_c.data_ptr<float>();
+    a.partial = partial.data_ptr<float>(), a.dsum = need_params ? dsum.data_ptr<float>() : nullptr;
+    a.counters = counters_ptr(counters);
+    C10_CUDA_CHECK(gn::launch_onepass(true, t, p, *og, a, stream));
+    gamma_beta();
+    if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
+    return {dx, dgamma, dbeta};
+  }
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes);
   Tensor partial = at::empty({s.N * s.C * rg.K * 2}, mean_c.options());
-  Tensor dsum = need_params ? at::empty({s.N, s.C, 2}, mean_c.options()) : Tensor();
   Tensor coef = output_mask[0] ? at::empty({s.N, s.C, 4}, mean_c.options()) : Tensor();
-  auto stream = at::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), mean_c.data_ptr<float>(),
                                    partial.data_ptr<float>(), stream));
   C10_CUDA_CHECK(gn::launch_finalize_backward(
       param_kind(w, std::nullopt, at::kFloat), p, partial_layout(p, rg), partial.data_ptr<float>(),
       mean_c.data_ptr<float>(), rstd_c.data_ptr<float>(), ptr_or_null(w),
       need_params ? dsum.data_ptr<float>() : nullptr, output_mask[0] ? coef.data_ptr<float>() : nullptr, stream));
-  if (need_params)
-    C10_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(param_grad_dtype(input, weight)), p, dsum.data_ptr<float>(),
-                                                  rstd_c.data_ptr<float>(), dgamma ? dgamma->data_ptr() : nullptr,
-                                                  dbeta ? dbeta->data_ptr() : nullptr, stream));
+  gamma_beta();
   if (output_mask[0]) {
     C10_CUDA_CHECK(gn::launch_affine(true, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), dy.data_ptr(),
                                      dx_work.data_ptr(), coef.data_ptr<float>(), stream));

@@ -1,13 +1,17 @@
 // Launchers of the GroupNorm kernels: dtype / vector-width dispatch and <<<>>> launches only.
 // No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.
+#include <atomic>
 #include <type_traits>
 
 #include "group_norm_kernels.cuh"
+#include "group_norm_onepass.cuh"
 #include "group_norm_launch.h"
 
 namespace gnext {
 namespace gn {
 namespace {
+
+constexpr int kMaxDevices = 64;
 
 template <typename F>
 cudaError_t with_scalar(ScalarKind t, F&& f) {
@@ -125,6 +129,42 @@ cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const Aff
       };
       return has_dy ? go(std::true_type{}) : go(std::false_type{});
     });
+  });
+}
+
+cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
+                           cudaStream_t stream) {
+  return with_scalar(t, [&](auto tt) -> cudaError_t {
+    using T = decltype(tt);
+    constexpr int V = 16 / sizeof(T);
+    if (g.vec != V || g.threads > kOnePassThreads || g.threads % 32 != 0) return cudaErrorInvalidValue;
+    auto go = [&](auto btag) -> cudaError_t {
+      auto kernel = onepass_nchw_kernel<T, V, decltype(btag)::value>;
+      // Raise the kernel's dynamic shared-memory limit once per device (the call costs host time).
+      static std::atomic<int> smem_set[kMaxDevices];
+      int dev = 0;
+      cudaError_t e = cudaGetDevice(&dev);
+      if (e != cudaSuccess) return e;
+      if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
+        if (e != cudaSuccess) return e;
+        if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
+      }
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(g.grid);
+      cfg.blockDim = dim3(g.threads);
+      cfg.dynamicSmemBytes = g.smem;
+      cfg.stream = stream;
+      // CTAs wait on each other only when a group spans several tiles: then all must be co-resident.
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = a.counters != nullptr ? 1 : 0;
+      const FastDivmod hwv = g.cpt > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod();
+      return cudaLaunchKernelEx(&cfg, kernel, a, g, p.G, p.D, p.HxW, p.N * p.G * g.T, hwv);
+    };
+    return bwd ? go(std::true_type{}) : go(std::false_type{});
   });
 }
 

@@ -46,6 +46,42 @@ struct AffineGeometry {
   int64_t chunk;
 };
 
+// One-pass NCHW kernels (group_norm_onepass.cuh). A persistent cooperative grid walks tiles of
+// whole channels (or pieces of one channel); each tile of x (and dy) is read from DRAM once into
+// shared memory and kept there until its group's statistics are complete, then normalized from
+// shared memory: DRAM traffic 1R + 1W forward, 2R + 1W backward.
+//   tile i = k * grid + blockIdx.x (k-th tile of a CTA), group i / T, position j = i % T;
+//   sub > 1: channel j / sub, piece j % sub of `tile` elements; sub == 1: channels j*cpt ...
+constexpr int kOnePassThreads = 512;
+constexpr size_t kOnePassStaticSmem = 1024;  // bound on the one-pass kernel's static shared memory
+struct OnePassGeometry {
+  int nbuf;       // shared-memory stages per CTA; 1 only when every CTA has at most one tile
+  int threads;
+  unsigned grid;  // persistent CTAs, all co-resident (cooperative launch)
+  int vec;        // elements per 16-byte access
+  int64_t tile;   // elements per stage (a multiple of vec)
+  int64_t sub;    // tiles per channel
+  int64_t cpt;    // channels per tile (1 when sub > 1)
+  int64_t T;      // tiles per group (a group spans at most two consecutive waves: T <= grid)
+  size_t smem;    // dynamic shared memory bytes
+};
+struct OnePassArgs {
+  const void* x;
+  const void* dy;  // backward only
+  void* out;       // y or dx
+  const void* gamma;
+  const void* beta;
+  ScalarKind wt;       // gamma/beta element type
+  float* mean;         // (N, G): written forward, read backward
+  float* rstd;
+  float* partial;      // forward: Welford (mean, m2, n) per tile; backward: float2 per (n, c, piece)
+  float* dsum;         // backward: (sum dy*(x-mean), sum dy) per (n, c) for dgamma/dbeta, or null
+  unsigned* counters;  // one per group, zero on entry; null when T == 1
+  float eps;
+};
+cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
+                           cudaStream_t stream);
+
 // Sizes of one reduction state: Welford (mean, m2, n) forward, (sum dy*(x-mean), sum dy) backward.
 constexpr size_t kMomentsStateBytes = 3 * sizeof(float);
 constexpr size_t kGradStateBytes = 2 * sizeof(float);
