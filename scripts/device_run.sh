@@ -4,7 +4,7 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb" BUDGET_S=580 bash scripts/device_run.sh
+#   STEPS="build smoke bench test kb sweep" BUDGET_S=580 bash scripts/device_run.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
@@ -47,6 +47,10 @@ fi
 if has kb; then
   timeout $(( $(left) )) python3 scripts/kernelbench/level1_35_group_norm.py > "$OUT/kernelbench.log" 2>&1
   echo "kernelbench L1#35 rc=$?: $(tail -1 "$OUT/kernelbench.log")"
+fi
+if has sweep; then
+  timeout $(( $(left) )) python3 scripts/onepass_sweep.py --json "$OUT/onepass_sweep.json" > "$OUT/onepass_sweep.log" 2>&1
+  echo "sweep rc=$?"
 fi
 [ -f "$OUT/bench.log" ] && sed -n '/^Device:/,$p' "$OUT/bench.log"
 exit 0

@@ -196,25 +196,32 @@ def test_gpu_large(case, dtype):
 # (GNEXT_ONEPASS=0) so that both paths stay tested on shapes that take the one-pass kernel.
 # (Geometry noted for the H100 defaults: 132 SMs x 2 CTAs of 256 threads, 2 stages.)
 ONEPASS_CASES = [
-    ((2, 16, 256, 256), 4),  # few groups: channel pieces, one tile per CTA, CTAs wait on each other
-    ((8, 64, 40, 40), 4),  # few groups: 2-channel tiles, one per CTA (backward: 4 warps per channel)
-    ((16, 64, 96, 96), 8),  # one channel per tile, streamed through the stages, waits across waves
-    ((40, 64, 48, 48), 8),  # multi-channel tiles streamed (backward: 3 channels, 2 warps each)
-    ((4, 32, 512, 512), 8),  # channel pieces streamed
-    ((64, 512, 4, 4), 1),  # HxW = 16: 128 channels per tile (a warp per channel)
-    ((4, 256, 8, 8), 2),  # HxW = 64: a group per CTA
-    ((2, 320, 64, 64), 32),  # a group per CTA, no waits
-    ((3, 24, 1000), 6),  # 3D
+    ((2, 16, 256, 256), 4, None),  # few groups: channel pieces, one tile per CTA, CTAs wait on each other
+    ((8, 64, 40, 40), 4, None),  # few groups: 2-channel tiles, one per CTA (backward: 4 warps per channel)
+    ((16, 64, 96, 96), 8, None),  # one channel per tile, streamed through the stages, waits across waves
+    ((40, 64, 48, 48), 8, None),  # multi-channel tiles streamed (backward: 3 channels, 2 warps each)
+    ((4, 32, 512, 512), 8, None),  # channel pieces streamed
+    ((64, 512, 4, 4), 1, None),  # HxW = 16: 128 channels per tile (a warp per channel)
+    ((4, 256, 8, 8), 2, None),  # HxW = 64: a group per CTA
+    ((2, 320, 64, 64), 32, None),  # a group per CTA, no waits
+    ((3, 24, 1000), 6, None),  # 3D
+    # NHWC (one wave only): units of cb channels (whole groups) x pixel-row tiles
+    ((2, 320, 64, 64), 32, CL),  # D = 10: few units split over CTAs that wait on each other
+    ((16, 512, 64, 64), 32, CL),  # too large for one wave: two-pass kernels on both settings
+    ((1, 128, 256, 256), 32, CL),  # D = 4: two units over all CTAs
+    ((3, 96, 7, 9), 3, CL),  # odd HxW, D = 32
+    ((2, 64, 8, 16, 16), 8, CL3),  # 5D
+    ((6, 64, 1, 1), 8, None),  # HxW = 1 (NHWC kernels)
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("onepass", ["1", "0"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", ONEPASS_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-G{c[1]}")
+@pytest.mark.parametrize("case", ONEPASS_CASES, ids=_ids)
 def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
     monkeypatch.setenv("GNEXT_ONEPASS", onepass)
-    run_case(*case, None, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=13)
+    run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=13)
 
 
 def _cuda_kernels(fn):
@@ -230,28 +237,31 @@ def _cuda_kernels(fn):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,G,dtype,fwd_kernels,bwd_kernels", [
-    ((2, 320, 64, 64), 32, torch.float16, 1, 2),  # small: one launch forward, two backward
-    ((4, 32, 512, 512), 8, torch.float32, 1, 2),  # + one memset of the counters
+@pytest.mark.parametrize("shape,G,dtype,fmt,fwd_kernels,bwd_kernels", [
+    ((2, 320, 64, 64), 32, torch.float16, None, 1, 2),  # small: one launch forward, two backward
+    ((2, 320, 64, 64), 32, torch.float16, CL, 1, 2),  # (+ a memset of the counters)
+    ((4, 32, 512, 512), 8, torch.float32, None, 1, 2),
+    ((4, 512, 32, 32), 32, torch.bfloat16, CL, 1, 2),
 ])
-def test_gpu_onepass_launches(shape, G, dtype, fwd_kernels, bwd_kernels):
-    x = rand_input(shape, dtype, "cuda")
+def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels):
+    x = rand_input(shape, dtype, "cuda", memory_format=fmt)
     w = torch.rand(shape[1], device="cuda", dtype=dtype) + 0.5
     dy = torch.randn_like(x)
     out, mean, rstd = torch.ops.gnext.group_norm(x, G, w, w, 1e-5)
     fwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, G, w, w, 1e-5))
     bwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True]))
-    assert len(fwd) == fwd_kernels and "onepass_nchw_kernel" in fwd[0], fwd
-    assert len(bwd) == bwd_kernels and any("onepass_nchw_kernel" in k for k in bwd), bwd
+    assert len(fwd) == fwd_kernels and "onepass_n" in fwd[0], fwd
+    assert len(bwd) == bwd_kernels and any("onepass_n" in k for k in bwd), bwd
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,G", [((4, 32, 512, 512), 8), ((16, 64, 96, 96), 8), ((2, 320, 64, 64), 32),
-                                     ((2, 64, 96, 96), 8)], ids=str)
-def test_gpu_cuda_graph_replay(shape, G):
+@pytest.mark.parametrize("shape,G,fmt", [((4, 32, 512, 512), 8, None), ((16, 64, 96, 96), 8, None),
+                                         ((2, 320, 64, 64), 32, None), ((2, 64, 96, 96), 8, None),
+                                         ((16, 512, 32, 32), 32, CL), ((1, 128, 256, 256), 32, CL)], ids=str)
+def test_gpu_cuda_graph_replay(shape, G, fmt):
     """Forward + backward captured in a CUDA graph (memset of the counters and cooperative
     launches included) give the same bits on replay as eagerly, for fresh inputs copied in."""
-    x = rand_input(shape, torch.float32, "cuda")
+    x = rand_input(shape, torch.float32, "cuda", memory_format=fmt)
     w = torch.rand(shape[1], device="cuda") + 0.5
     b = torch.randn(shape[1], device="cuda")
     dy = torch.randn_like(x)

@@ -159,61 +159,99 @@ int env_int(const char* name, int dflt) {
   return v != nullptr && v[0] != '\0' ? std::atoi(v) : dflt;
 }
 
-// One-pass plan (see OnePassGeometry in group_norm_launch.h) for a contiguous NCHW input, or
-// nullopt when the two-pass kernels must run: rows not 16-byte aligned, a group too large to be
-// held in shared memory across the grid, or GNEXT_ONEPASS=0 in the environment.
+// One-pass plan (see OnePassGeometry in group_norm_launch.h), or nullopt when the two-pass
+// kernels must run: rows (HxW for NCHW, C for NHWC) not 16-byte aligned, a group (NHWC: a block
+// of whole groups) too large to be held in shared memory across the grid, or GNEXT_ONEPASS=0.
 // Tuning knobs (environment, for measurements): GNEXT_ONEPASS_CTAS (CTAs per SM, default 2),
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
-std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType t, bool bwd,
+std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType t, bool bwd, bool nhwc,
                                                 std::initializer_list<const void*> ptrs) {
   if (env_int("GNEXT_ONEPASS", 1) == 0) return std::nullopt;
-  const int V = vector_width(t, p.HxW, ptrs);
+  const int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
   if (V == 1) return std::nullopt;
   const auto* prop = at::cuda::getCurrentDeviceProperties();
   const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", 2), 1, 4);
   const int stages = std::clamp(env_int("GNEXT_ONEPASS_NBUF", 2), 2, 4);
   const int64_t slots = static_cast<int64_t>(prop->multiProcessorCount) * ctas;  // co-resident CTAs
   const int threads = std::max(128, gn::kOnePassThreads / ctas / 32 * 32);
-  const int64_t bytes = static_cast<int64_t>(c10::elementSize(t)) * (bwd ? 2 : 1);  // smem per element
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(t));
+  const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
   const int64_t per_cta = ctas == 1 ? static_cast<int64_t>(prop->sharedMemPerBlockOptin)
                                     : static_cast<int64_t>(prop->sharedMemPerMultiprocessor) / ctas -
                                           static_cast<int64_t>(prop->reservedSharedMemPerBlock);
-  const int64_t avail = std::min<int64_t>(per_cta, prop->sharedMemPerBlockOptin) - gn::kOnePassStaticSmem;
-  const int64_t U = p.N * p.G, L = p.D * p.HxW;
-  // Tiles of at most `cap` elements: whole channels (balanced over the group) or equal pieces of one.
-  auto make = [&](int nbuf, int64_t cap) -> std::optional<OnePassGeometry> {
-    cap = cap / V * V;
-    if (cap < V) return std::nullopt;
-    OnePassGeometry g{};
-    g.nbuf = nbuf, g.vec = V, g.threads = threads;
-    if (p.HxW <= cap) {
-      g.T = ceil_div(p.D, cap / p.HxW);
-      g.cpt = ceil_div(p.D, g.T);
-      g.sub = 1;
-      g.tile = g.cpt * p.HxW;
-    } else {
-      g.sub = ceil_div(p.HxW, cap);
-      g.tile = round_up(ceil_div(p.HxW, g.sub), V);
-      g.cpt = 1;
-      g.T = p.D * g.sub;
-    }
-    const int64_t tiles = U * g.T;
-    g.grid = static_cast<unsigned>(std::min(tiles, slots));
-    if (g.T > g.grid || (nbuf == 1 && tiles > g.grid)) return std::nullopt;
-    g.smem = static_cast<size_t>(nbuf * g.tile * bytes);
-    return g;
+  const int64_t avail0 = std::min<int64_t>(per_cta, prop->sharedMemPerBlockOptin) - gn::kOnePassStaticSmem;
+  // Plan for NHWC blocks of cb channels (cb = 0: NCHW).
+  auto plan = [&](int64_t cb) -> std::optional<OnePassGeometry> {
+    // NHWC: per-thread channel sums and per-channel coefficients follow the stages.
+    const int64_t extra = nhwc ? threads * V * 8 + cb * 16 : 0;
+    const int64_t avail = avail0 - extra;
+    const int64_t U = nhwc ? p.N * (p.C / cb) : p.N * p.G;  // units: groups (NCHW), channel blocks (NHWC)
+    const int64_t L = nhwc ? cb * p.HxW : p.D * p.HxW;      // elements per unit
+    // Tiles of at most `cap` elements. NCHW: whole channels (balanced over the group) or equal
+    // pieces of one; NHWC: equal ranges of pixel rows.
+    auto make = [&](int nbuf, int64_t cap) -> std::optional<OnePassGeometry> {
+      OnePassGeometry g{};
+      g.nbuf = nbuf, g.vec = V, g.threads = threads, g.nhwc = nhwc;
+      if (nhwc) {
+        const int64_t rows = cap / cb;
+        if (rows < 1) return std::nullopt;
+        g.cb = cb;
+        g.T = ceil_div(p.HxW, rows);
+        g.rows = ceil_div(p.HxW, g.T);
+        g.tile = g.rows * cb;
+        g.sub = g.cpt = 1;
+      } else {
+        cap = cap / V * V;
+        if (cap < V) return std::nullopt;
+        if (p.HxW <= cap) {
+          g.T = ceil_div(p.D, cap / p.HxW);
+          g.cpt = ceil_div(p.D, g.T);
+          g.sub = 1;
+          g.tile = g.cpt * p.HxW;
+        } else {
+          g.sub = ceil_div(p.HxW, cap);
+          g.tile = round_up(ceil_div(p.HxW, g.sub), V);
+          g.cpt = 1;
+          g.T = p.D * g.sub;
+        }
+      }
+      const int64_t tiles = U * g.T;
+      g.grid = static_cast<unsigned>(std::min(tiles, slots));
+      if (g.T > g.grid || (nbuf == 1 && tiles > g.grid)) return std::nullopt;
+      g.smem = static_cast<size_t>(nbuf * g.tile * bytes + extra);
+      return g;
+    };
+    // Few units: split each over slots / U CTAs, one tile per CTA. Up to one unit per CTA: one
+    // tile each, no inter-CTA waits. Otherwise stream tiles through `stages` (else 2) stages.
+    if (avail <= 0) return std::nullopt;
+    if (4 * U <= slots)
+      if (auto g = make(1, std::min(avail / bytes, round_up(ceil_div(L, slots / U), V)))) return g;
+    if (U <= slots)
+      if (auto g = make(1, avail / bytes)) return g;
+    // NHWC streamed through stages measured slower than the two-pass kernels (UNet
+    // 16x512x128x128 bf16 CL on the H100: 0.48-0.92 ms vs 0.31 ms; docs/kernels.md): not used.
+    if (nhwc) return std::nullopt;
+    if (auto g = make(stages, avail / stages / bytes)) return g;
+    if (stages != 2)
+      if (auto g = make(2, avail / 2 / bytes)) return g;
+    return std::nullopt;
   };
-  // Few groups: split each over slots / U CTAs, one tile per CTA. Up to one group per CTA: one
-  // tile each, no inter-CTA waits. Otherwise stream tiles through `stages` (else 2) stages.
-  if (4 * U <= slots)
-    if (auto g = make(1, std::min(avail / bytes, round_up(ceil_div(L, slots / U), V)))) return g;
-  if (U <= slots)
-    if (auto g = make(1, avail / bytes)) return g;
-  if (auto g = make(stages, avail / stages / bytes)) return g;
-  if (stages != 2)
-    if (auto g = make(2, avail / 2 / bytes)) return g;
-  return std::nullopt;
+  if (!nhwc) return plan(0);
+  // NHWC: blocks of whole groups with rows of 16-byte multiples and at most `threads` channels (a
+  // thread per channel in the finish). The widest block that fits wins (longer contiguous pieces
+  // of each pixel row); blocks under 128 bytes per row only when nothing wider fits. Only plans
+  // whose tiles all fit one wave of CTAs (small tensors, e.g. SD 2x640x64x64) are used.
+  int64_t narrow = 0;
+  for (int64_t cb = std::min<int64_t>(p.C, threads) / p.D * p.D; cb >= p.D; cb -= p.D) {
+    if (p.C % cb != 0 || (cb * esize) % 16 != 0) continue;
+    if (cb * esize < 128) {
+      if (narrow == 0) narrow = cb;  // the widest narrow block
+      continue;
+    }
+    if (auto g = plan(cb)) return g;
+  }
+  return narrow > 0 ? plan(narrow) : std::nullopt;
 }
 
 // Element type of gamma/beta: float32 or the input's.
@@ -225,10 +263,10 @@ ScalarKind param_kind(const OptTensor& a, const OptTensor& b, at::ScalarType fal
 
 const void* ptr_or_null(const OptTensor& t) { return defined(t) ? t->data_ptr() : nullptr; }
 
-// Zeroed per-group counters for a one-pass launch whose groups span several tiles; else undefined.
+// Zeroed per-unit counters for a one-pass launch whose units span several tiles; else undefined.
 Tensor onepass_counters(const OnePassGeometry& g, const Problem& p, const Tensor& like, cudaStream_t stream) {
   if (g.T == 1) return Tensor();
-  Tensor c = at::empty({p.N * p.G}, like.options().dtype(at::kInt));
+  Tensor c = at::empty({g.nhwc ? p.N * (p.C / g.cb) : p.N * p.G}, like.options().dtype(at::kInt));
   C10_CUDA_CHECK(cudaMemsetAsync(c.data_ptr(), 0, c.nbytes(), stream));
   return c;
 }
@@ -260,8 +298,8 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t 
   const ScalarKind t = scalar_kind(input.scalar_type());
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr()});
   auto stream = at::cuda::getCurrentCUDAStream();
-  if (const auto og = nhwc ? std::nullopt : onepass_geometry(p, input.scalar_type(), false, {x.data_ptr(), y.data_ptr()})) {
-    Tensor partial = at::empty({s.N * s.G * og->T * 3}, mean.options());
+  if (const auto og = onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr()})) {
+    Tensor partial = at::empty({s.N * s.G * og->T * 3}, mean.options());  // per (tile, group)
     const Tensor counters = onepass_counters(*og, p, mean, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
@@ -318,11 +356,13 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
                                                     dgamma ? dgamma->data_ptr() : nullptr,
                                                     dbeta ? dbeta->data_ptr() : nullptr, stream));
   };
-  const auto og = nhwc || !output_mask[0]
-                      ? std::nullopt
-                      : onepass_geometry(p, input.scalar_type(), true, {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
+  const auto og = !output_mask[0] ? std::nullopt
+                                  : onepass_geometry(p, input.scalar_type(), true, nhwc,
+                                                     {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
   if (og) {
-    Tensor partial = at::empty({s.N * s.C * og->sub * 2}, mean_c.options());
+    // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
+    Tensor partial = at::empty({og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2},
+                               mean_c.options());
     const Tensor counters = onepass_counters(*og, p, mean_c, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);

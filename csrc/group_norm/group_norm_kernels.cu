@@ -138,8 +138,7 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T);
     if (g.vec != V || g.threads > kOnePassThreads || g.threads % 32 != 0) return cudaErrorInvalidValue;
-    auto go = [&](auto btag) -> cudaError_t {
-      auto kernel = onepass_nchw_kernel<T, V, decltype(btag)::value>;
+    auto go = [&](auto btag, auto kernel, auto... extra) -> cudaError_t {
       // Raise the kernel's dynamic shared-memory limit once per device (the call costs host time).
       static std::atomic<int> smem_set[kMaxDevices];
       int dev = 0;
@@ -161,10 +160,16 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
       attr[0].val.cooperative = 1;
       cfg.attrs = attr;
       cfg.numAttrs = a.counters != nullptr ? 1 : 0;
-      const FastDivmod hwv = g.cpt > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod();
-      return cudaLaunchKernelEx(&cfg, kernel, a, g, p.G, p.D, p.HxW, p.N * p.G * g.T, hwv);
+      return cudaLaunchKernelEx(&cfg, kernel, a, g, extra...);
     };
-    return bwd ? go(std::true_type{}) : go(std::false_type{});
+    auto layout = [&](auto btag) -> cudaError_t {
+      constexpr bool B = decltype(btag)::value;
+      if (g.nhwc)
+        return go(btag, onepass_nhwc_kernel<T, V, B>, p.C, p.G, p.D, p.HxW, p.N * (p.C / g.cb) * g.T);
+      const FastDivmod hwv = g.cpt > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod();
+      return go(btag, onepass_nchw_kernel<T, V, B>, p.G, p.D, p.HxW, p.N * p.G * g.T, hwv);
+    };
+    return bwd ? layout(std::true_type{}) : layout(std::false_type{});
   });
 }
 

@@ -62,8 +62,10 @@ struct OnePassGeometry {
   int64_t tile;   // elements per stage (a multiple of vec)
   int64_t sub;    // tiles per channel
   int64_t cpt;    // channels per tile (1 when sub > 1)
-  int64_t T;      // tiles per group (a group spans at most two consecutive waves: T <= grid)
+  int64_t T;      // tiles per group / unit (spans at most two consecutive waves: T <= grid)
   size_t smem;    // dynamic shared memory bytes
+  bool nhwc;      // NHWC: units of cb channels (whole groups), tiles of `rows` pixels x cb
+  int64_t cb, rows;
 };
 struct OnePassArgs {
   const void* x;
@@ -74,9 +76,10 @@ struct OnePassArgs {
   ScalarKind wt;       // gamma/beta element type
   float* mean;         // (N, G): written forward, read backward
   float* rstd;
-  float* partial;      // forward: Welford (mean, m2, n) per tile; backward: float2 per (n, c, piece)
+  float* partial;      // forward: Welford (mean, m2, n) per NCHW tile / per NHWC (tile, group);
+                       // backward: float2 per NCHW (n, c, piece) / per NHWC (tile, channel) + (tile, group)
   float* dsum;         // backward: (sum dy*(x-mean), sum dy) per (n, c) for dgamma/dbeta, or null
-  unsigned* counters;  // one per group, zero on entry; null when T == 1
+  unsigned* counters;  // one per group / unit, zero on entry; null when T == 1
   float eps;
 };
 cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,

@@ -1,5 +1,8 @@
-// One-pass NCHW GroupNorm kernels (forward and backward): every element of x (and dy) is read
-// from DRAM once. Geometry and arguments: OnePassGeometry / OnePassArgs in group_norm_launch.h.
+// One-pass GroupNorm kernels, NCHW and NHWC, forward and backward: every element of x (and dy)
+// is read from DRAM once. Geometry and arguments: OnePassGeometry / OnePassArgs in
+// group_norm_launch.h. NCHW: a group is a contiguous run of D*HxW elements, tiles are whole
+// channels or pieces of one. NHWC: a unit is (n, a block of cb channels = whole groups), tiles
+// are ranges of `rows` pixels x cb channels, partials are per channel.
 //
 // A persistent grid of `grid` CTAs walks the tiles (tile i = k * grid + blockIdx.x). A CTA keeps
 // `nbuf` tiles in shared memory (cp.async stages). For its k-th tile it
@@ -10,7 +13,7 @@
 //      merges the group's partials in a fixed order (every CTA of the group computes the same
 //      bits; no float atomics), and normalizes the tile from shared memory;
 //   3. starts copying its (k+nbuf)-th tile into the freed stage.
-// Deadlock freedom: a group's T <= grid tiles lie in at most two consecutive waves k, k+1, and
+// Deadlock freedom: a group's (unit's) T <= grid tiles lie in at most two consecutive waves k, k+1, and
 // every CTA publishes wave k+1 before it waits on wave k; all CTAs are co-resident (cooperative
 // launch), so the waits of wave k end once wave k-1's have. With nbuf == 1 every CTA has one tile.
 #pragma once
@@ -77,6 +80,29 @@ __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
   } else {
     cp_async_wait<3>();
   }
+}
+
+// The schedule shared by the NCHW and NHWC kernels (see the top of this file): load(k) starts
+// the copy of the CTA's k-th tile, publish(k) posts its statistics, finish(k) waits for its group
+// and writes its output.
+template <typename Load, typename Publish, typename Finish>
+__device__ __forceinline__ void onepass_pipeline(int nbuf, int64_t ktiles, Load& load, Publish& publish,
+                                                 Finish& finish) {
+  for (int b = 0; b < nbuf; ++b) load(b);
+  cp_async_wait_dyn(nbuf - 1);
+  __syncthreads();
+  publish(0);
+  for (int64_t k = 0; k < ktiles; ++k) {
+    if (nbuf > 1) {
+      cp_async_wait_dyn(nbuf - 2);  // the (k+1)-th tile has arrived
+      __syncthreads();
+      publish(k + 1);
+    }
+    finish(k);
+    __syncthreads();  // stage k % nbuf is free
+    load(k + nbuf);
+  }
+  cp_async_wait<0>();
 }
 
 template <typename T, int V, bool Bwd>
@@ -270,21 +296,252 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     }
   };
 
-  for (int b = 0; b < geo.nbuf; ++b) load(b);
-  cp_async_wait_dyn(geo.nbuf - 1);
-  __syncthreads();
-  publish(0);
-  for (int64_t k = 0; k < ktiles; ++k) {
-    if (geo.nbuf > 1) {
-      cp_async_wait_dyn(geo.nbuf - 2);  // the (k+1)-th tile has arrived
-      __syncthreads();
-      publish(k + 1);
+  onepass_pipeline(geo.nbuf, ktiles, load, publish, finish);
+}
+
+// ---------------------------------------------------------------------------------------------
+// NHWC (channels_last). Unit u = n * (C / cb) + block; tile j = rows [j*rows, ...) x cb channels,
+// held as [rows][cb]. Thread t owns the 16-byte chunk q = t % cpr (channels q*V ...) of rows
+// t / cpr, t / cpr + rpi, ... Dynamic shared memory after the stages: red (threads * V float2,
+// per-thread per-channel sums) and coef (cb float4, per-channel coefficients).
+template <typename T, int V, bool Bwd>
+__global__ void __launch_bounds__(kOnePassThreads, 1)
+    onepass_nhwc_kernel(OnePassArgs a, OnePassGeometry geo, int64_t C, int64_t G, int64_t D, int64_t HxW,
+                        int64_t ntiles) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int64_t stage_elems = geo.nbuf * geo.tile;
+  T* const bx = reinterpret_cast<T*>(smem_raw);
+  T* const bd = bx + stage_elems;
+  float2* const red = reinterpret_cast<float2*>(smem_raw + stage_elems * sizeof(T) * (Bwd ? 2 : 1));
+  float4* const coef = reinterpret_cast<float4*>(red + blockDim.x * V);
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ dy = static_cast<const T*>(a.dy);
+  T* __restrict__ out = static_cast<T*>(a.out);
+  float2* const partial2 = reinterpret_cast<float2*>(a.partial);
+  const int64_t P = gridDim.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  const int cb = static_cast<int>(geo.cb), cpr = cb / V, rpi = blockDim.x / cpr;
+  const int q = tid % cpr, rl = tid / cpr;
+  const bool active = rl < rpi;
+  const int gb = static_cast<int>(cb / D);  // groups per block
+  int rpi_pow2 = 1;
+  while (rpi_pow2 < rpi) rpi_pow2 <<= 1;
+  // Per-(tile, group) backward partials follow the per-(tile, channel) ones.
+  float2* const gpartial2 = partial2 + ntiles * cb;
+  const int64_t blocks = C / cb;
+  const int64_t ktiles = (ntiles - 1 - blockIdx.x) / P + 1;
+
+  struct Tile {
+    bool valid;
+    int64_t i, u, j, n, c0, r0;  // c0: first channel of the block
+    int R;
+  };
+  auto tile_k = [&](int64_t k) {
+    Tile t{};
+    t.i = blockIdx.x + k * P;
+    t.valid = t.i < ntiles;
+    if (!t.valid) return t;
+    t.u = t.i / geo.T;
+    t.j = t.i - t.u * geo.T;
+    t.n = t.u / blocks;
+    t.c0 = (t.u - t.n * blocks) * cb;
+    t.r0 = t.j * geo.rows;
+    t.R = static_cast<int>(min(geo.rows, HxW - t.r0));
+    return t;
+  };
+  auto gofs = [&](const Tile& t, int64_t r) { return (t.n * HxW + t.r0 + r) * C + t.c0; };  // row r of tile t
+
+  auto load = [&](int64_t k) {
+    const Tile t = tile_k(k);
+    if (t.valid) {
+      T* sx = bx + (k % geo.nbuf) * geo.tile;
+      T* sd = bd + (k % geo.nbuf) * geo.tile;
+      for (int v = tid; v < t.R * cpr; v += blockDim.x) {
+        const int r = v / cpr, qq = v - r * cpr;
+        const int64_t off = gofs(t, r) + qq * V;
+        cp_async16(sx + v * V, x + off);
+        if constexpr (Bwd) cp_async16(sd + v * V, dy + off);
+      }
     }
-    finish(k);
-    __syncthreads();  // stage k % nbuf is free
-    load(k + geo.nbuf);
-  }
-  cp_async_wait<0>();
+    cp_async_commit();
+  };
+
+  // Per-channel sum over the tile's rows of f(x chunk, dy chunk) -> float2 per channel, returned to
+  // threads tid < cb (channel tid) in a fixed order (row lanes ascending).
+  auto channel_sums = [&](const T* sx, const T* sd, int R, auto f) -> float2 {
+    float2 acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = Sum2Op::identity();
+    if (active) {
+      for (int r = rl; r < R; r += rpi) {
+        float xv[V], dv[V];
+        lds_vec<T, V>(sx + (r * cpr + q) * V, xv);
+        if constexpr (Bwd) lds_vec<T, V>(sd + (r * cpr + q) * V, dv);
+#pragma unroll
+        for (int e = 0; e < V; ++e) f(acc[e], e, xv[e], Bwd ? dv[e] : 0.f);
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) red[tid * V + e] = acc[e];  // = red[rl * cb + channel]
+    }
+    __syncthreads();
+    // Fixed tree over the row lanes: red[rl * cb + c] += red[(rl + h) * cb + c].
+    for (int h = rpi_pow2 / 2; h > 0; h >>= 1) {
+      if (active && rl < h && rl + h < rpi) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) red[tid * V + e] = Sum2Op::combine(red[tid * V + e], red[(tid + h * cpr) * V + e]);
+      }
+      __syncthreads();
+    }
+    const float2 s = tid < cb ? red[tid] : Sum2Op::identity();
+    __syncthreads();
+    return s;
+  };
+
+  auto publish = [&](int64_t k) {
+    const Tile t = tile_k(k);
+    if (!t.valid) return;
+    const T* sx = bx + (k % geo.nbuf) * geo.tile;
+    const T* sd = bd + (k % geo.nbuf) * geo.tile;
+    if constexpr (!Bwd) {  // exact two-pass moments of each channel over the tile's rows
+      const float2 sum = channel_sums(sx, sd, t.R, [](float2& acc, int, float xv, float) { acc.x += xv; });
+      if (tid < cb) coef[tid].x = sum.x / static_cast<float>(t.R);
+      __syncthreads();
+      float m[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) m[e] = coef[q * V + e].x;
+      const float2 m2 = channel_sums(sx, sd, t.R, [&](float2& acc, int e, float xv, float) {
+        acc.x = fmaf(xv - m[e], xv - m[e], acc.x);
+      });
+      if (tid < cb) coef[tid].y = m2.x;
+      __syncthreads();
+      if (tid < gb) {  // the tile's Welford state of each group: its D channels merged in order
+        WelfordState st = WelfordOp::identity();
+        for (int d = 0; d < D; ++d)
+          st = welford_merge(st, {coef[tid * D + d].x, coef[tid * D + d].y, static_cast<float>(t.R)});
+        float* o = a.partial + (t.i * gb + tid) * 3;
+        o[0] = st.mean, o[1] = st.m2, o[2] = st.n;
+      }
+    } else {  // (sum dy * (x - mean[n, g]), sum dy) per channel, and gamma-weighted per group
+      float mu[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) mu[e] = a.mean[t.n * G + (t.c0 + q * V + e) / D];
+      const float2 s = channel_sums(sx, sd, t.R, [&](float2& acc, int e, float xv, float dv) {
+        acc.x = fmaf(dv, xv - mu[e], acc.x);
+        acc.y += dv;
+      });
+      if (tid < cb) {
+        partial2[t.i * cb + tid] = s;
+        const float w = load_param(a.gamma, a.wt, t.c0 + tid, 1.f);
+        red[tid] = make_float2(w * s.x, w * s.y);
+      }
+      __syncthreads();
+      if (tid < gb) {
+        float2 gs = Sum2Op::identity();
+        for (int d = 0; d < D; ++d) gs = Sum2Op::combine(gs, red[tid * D + d]);
+        gpartial2[t.i * gb + tid] = gs;
+      }
+    }
+    __syncthreads();
+    if (a.counters != nullptr && tid == 0) arrive(&a.counters[t.u]);
+  };
+
+  auto finish = [&](int64_t k) {
+    const Tile t = tile_k(k);
+    if (a.counters != nullptr && tid == 0) wait_count(&a.counters[t.u], static_cast<unsigned>(geo.T));
+    __syncthreads();
+    const T* sx = bx + (k % geo.nbuf) * geo.tile;
+    const T* sd = bd + (k % geo.nbuf) * geo.tile;
+    const int64_t g0 = t.c0 / D;  // first group of the block
+    if constexpr (!Bwd) {
+      // Group statistics: warp per group, lanes over the T*D (tile, channel) states in order.
+      for (int lg = warp; lg < gb; lg += nwarps) {
+        WelfordState s = WelfordOp::identity();
+        for (int64_t j0 = 0; j0 < geo.T; j0 += 8 * 32) {
+          WelfordState v[8];
+#pragma unroll
+          for (int qq = 0; qq < 8; ++qq) {
+            const int64_t j2 = j0 + qq * 32 + lane;
+            const float* o = a.partial + ((t.u * geo.T + j2) * gb + lg) * 3;
+            v[qq] = j2 < geo.T ? WelfordState{__ldcg(o), __ldcg(o + 1), __ldcg(o + 2)} : WelfordOp::identity();
+          }
+#pragma unroll
+          for (int qq = 0; qq < 8; ++qq) s = welford_merge(s, v[qq]);
+        }
+        s = warp_reduce<WelfordOp>(s);
+        if (lane == 0) {
+          const float rstd = rsqrtf(fmaxf(s.m2 / s.n, 0.f) + a.eps);
+          red[lg] = make_float2(s.mean, rstd);
+          if (t.j == 0) {
+            a.mean[t.n * G + g0 + lg] = s.mean;
+            a.rstd[t.n * G + g0 + lg] = rstd;
+          }
+        }
+      }
+      __syncthreads();
+      if (tid < cb) {
+        const float2 st = red[tid / D];
+        const int64_t c = t.c0 + tid;
+        coef[tid] = make_float4(st.x, st.y * load_param(a.gamma, a.wt, c, 1.f), load_param(a.beta, a.wt, c, 0.f), 0.f);
+      }
+    } else {
+      if (a.dsum != nullptr && t.j == 0) {  // per-channel sums over the unit's T tiles, for dgamma/dbeta
+        const int parts = blockDim.x / cb, c = tid % cb, part = tid / cb;
+        float2 s = Sum2Op::identity();
+        if (part < parts) {
+#pragma unroll 4
+          for (int64_t j2 = part; j2 < geo.T; j2 += parts)
+            s = Sum2Op::combine(s, __ldcg(partial2 + (t.u * geo.T + j2) * cb + c));
+        }
+        red[tid] = s;
+        __syncthreads();
+        if (tid < cb) {
+          float2 r = Sum2Op::identity();
+          for (int pp = 0; pp < parts; ++pp) r = Sum2Op::combine(r, red[pp * cb + tid]);
+          reinterpret_cast<float2*>(a.dsum)[t.n * C + t.c0 + tid] = r;
+        }
+        __syncthreads();
+      }
+      const float inv_count = 1.f / static_cast<float>(D * HxW);
+      for (int lg = warp; lg < gb; lg += nwarps) {
+        float2 s = Sum2Op::identity();
+#pragma unroll 4
+        for (int64_t j2 = lane; j2 < geo.T; j2 += 32) s = Sum2Op::combine(s, __ldcg(gpartial2 + (t.u * geo.T + j2) * gb + lg));
+        s = warp_reduce<Sum2Op>(s);
+        if (lane == 0) {
+          const float r = a.rstd[t.n * G + g0 + lg];
+          red[cb + lg] = make_float2(-r * r * r * s.x * inv_count, -r * s.y * inv_count);
+        }
+      }
+      __syncthreads();
+      if (tid < cb) {
+        const int64_t g = t.n * G + g0 + tid / D;
+        const float2 c23 = red[cb + tid / D];
+        coef[tid] = make_float4(a.mean[g], a.rstd[g] * load_param(a.gamma, a.wt, t.c0 + tid, 1.f), c23.x, c23.y);
+      }
+    }
+    __syncthreads();
+    if (!active) return;
+    float4 k4[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) k4[e] = coef[q * V + e];
+#pragma unroll 4
+    for (int r = rl; r < t.R; r += rpi) {
+      float xv[V], dv[V];
+      lds_vec<T, V>(sx + (r * cpr + q) * V, xv);
+      if constexpr (Bwd) lds_vec<T, V>(sd + (r * cpr + q) * V, dv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        if constexpr (Bwd) {
+          xv[e] = fmaf(k4[e].y, dv[e], fmaf(k4[e].z, xv[e] - k4[e].x, k4[e].w));
+        } else {
+          xv[e] = fmaf(xv[e] - k4[e].x, k4[e].y, k4[e].z);
+        }
+      }
+      store_vec<T, V>(out + gofs(t, r) + q * V, xv);
+    }
+  };
+
+  onepass_pipeline(geo.nbuf, ktiles, load, publish, finish);
 }
 
 }  // namespace gn
