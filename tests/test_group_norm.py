@@ -356,3 +356,24 @@ def test_gpu_beyond_2_31_elements(shape, fmt):
     torch.testing.assert_close(db, torch.full_like(db, expected), rtol=1e-5, atol=0)
     for n, g in [(0, 0), (N - 1, G - 1)]:
         assert dx[n, g * D:(g + 1) * D].abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("onepass", ["1", "0"])
+@pytest.mark.parametrize("fmt", [None, CL], ids=["nchw", "cl"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_nonfinite_propagates_like_torch(device, onepass, fmt, bad, monkeypatch):
+    """A NaN/Inf in a group makes that group's output non-finite exactly where F.group_norm's is
+    (NaN vs NaN, the other groups finite and equal); other groups are untouched."""
+    monkeypatch.setenv("GNEXT_ONEPASS", onepass)
+    x = rand_input((2, 8, 6, 6), torch.float32, device, memory_format=fmt, gen=torch.Generator().manual_seed(9))
+    x[1, 2, 3, 4] = bad  # group 1 of sample 1
+    w = torch.rand(8, device=device) + 0.5
+    b = torch.randn(8, device=device)
+    out, mean, rstd = torch.ops.gnext.group_norm(x, 4, w, b, 1e-5)
+    ref = torch.nn.functional.group_norm(x, 4, w, b, 1e-5)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    assert torch.equal(torch.isinf(out), torch.isinf(ref))
+    fin = torch.isfinite(ref)
+    assert not fin[1, 2:4].any() and fin[0].all() and fin[1, :2].all() and fin[1, 4:].all()
+    torch.testing.assert_close(out[fin], ref[fin], rtol=1e-5, atol=1e-5)
