@@ -138,6 +138,8 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T);
     if (g.vec != V || g.threads > kOnePassThreads || g.threads % 32 != 0) return cudaErrorInvalidValue;
+    // btag (forward/backward) is unused in the body: it makes each kernel's instantiation of this
+    // lambda, and so its smem_set cache below, distinct (both directions share a signature).
     auto go = [&](auto btag, auto kernel, auto... extra) -> cudaError_t {
       // Raise the kernel's dynamic shared-memory limit once per device (the call costs host time).
       static std::atomic<int> smem_set[kMaxDevices];
