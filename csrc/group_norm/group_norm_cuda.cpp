@@ -192,7 +192,7 @@ std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType
     // pieces of one; NHWC: equal ranges of pixel rows.
     auto make = [&](int nbuf, int64_t cap) -> std::optional<OnePassGeometry> {
       OnePassGeometry g{};
-      g.nbuf = nbuf, g.vec = V, g.threads = threads, g.nhwc = nhwc;
+      g.nbuf = nbuf, g.vec = V, g.threads = threads, g.nhwc = nhwc, g.units = U;
       if (nhwc) {
         const int64_t rows = cap / cb;
         if (rows < 1) return std::nullopt;
@@ -216,7 +216,7 @@ std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType
           g.T = p.D * g.sub;
         }
       }
-      const int64_t tiles = U * g.T;
+      const int64_t tiles = g.units * g.T;
       g.grid = static_cast<unsigned>(std::min(tiles, slots));
       if (g.T > g.grid || (nbuf == 1 && tiles > g.grid)) return std::nullopt;
       g.smem = static_cast<size_t>(nbuf * g.tile * bytes + extra);
@@ -264,9 +264,9 @@ ScalarKind param_kind(const OptTensor& a, const OptTensor& b, at::ScalarType fal
 const void* ptr_or_null(const OptTensor& t) { return defined(t) ? t->data_ptr() : nullptr; }
 
 // Zeroed per-unit counters for a one-pass launch whose units span several tiles; else undefined.
-Tensor onepass_counters(const OnePassGeometry& g, const Problem& p, const Tensor& like, cudaStream_t stream) {
+Tensor onepass_counters(const OnePassGeometry& g, const Tensor& like, cudaStream_t stream) {
   if (g.T == 1) return Tensor();
-  Tensor c = at::empty({g.nhwc ? p.N * (p.C / g.cb) : p.N * p.G}, like.options().dtype(at::kInt));
+  Tensor c = at::empty({g.units}, like.options().dtype(at::kInt));
   C10_CUDA_CHECK(cudaMemsetAsync(c.data_ptr(), 0, c.nbytes(), stream));
   return c;
 }
@@ -300,7 +300,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t 
   auto stream = at::cuda::getCurrentCUDAStream();
   if (const auto og = onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr()})) {
     Tensor partial = at::empty({s.N * s.G * og->T * 3}, mean.options());  // per (tile, group)
-    const Tensor counters = onepass_counters(*og, p, mean, stream);
+    const Tensor counters = onepass_counters(*og, mean, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, at::kFloat);
@@ -363,7 +363,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
     // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
     Tensor partial = at::empty({og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2},
                                mean_c.options());
-    const Tensor counters = onepass_counters(*og, p, mean_c, stream);
+    const Tensor counters = onepass_counters(*og, mean_c, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
     a.wt = param_kind(w, std::nullopt, at::kFloat);

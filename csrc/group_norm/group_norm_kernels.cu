@@ -167,9 +167,9 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
     auto layout = [&](auto btag) -> cudaError_t {
       constexpr bool B = decltype(btag)::value;
       if (g.nhwc)
-        return go(btag, onepass_nhwc_kernel<T, V, B>, p.C, p.G, p.D, p.HxW, p.N * (p.C / g.cb) * g.T);
+        return go(btag, onepass_nhwc_kernel<T, V, B>, p.C, p.G, p.D, p.HxW, g.units * g.T);
       const FastDivmod hwv = g.cpt > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod();
-      return go(btag, onepass_nchw_kernel<T, V, B>, p.G, p.D, p.HxW, p.N * p.G * g.T, hwv);
+      return go(btag, onepass_nchw_kernel<T, V, B>, p.G, p.D, p.HxW, g.units * g.T, hwv);
     };
     return bwd ? layout(std::true_type{}) : layout(std::false_type{});
   });

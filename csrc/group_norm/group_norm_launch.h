@@ -62,6 +62,7 @@ struct OnePassGeometry {
   int64_t tile;   // elements per stage (a multiple of vec)
   int64_t sub;    // tiles per channel
   int64_t cpt;    // channels per tile (1 when sub > 1)
+  int64_t units;  // groups (NCHW: N*G) or channel blocks (NHWC: N*C/cb); tiles = units * T
   int64_t T;      // tiles per group / unit (spans at most two consecutive waves: T <= grid)
   size_t smem;    // dynamic shared memory bytes
   bool nhwc;      // NHWC: units of cb channels (whole groups), tiles of `rows` pixels x cb
