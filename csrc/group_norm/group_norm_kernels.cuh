@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   using State = typename R::State;
   extern __shared__ unsigned char smem_raw[];
   State* sm = reinterpret_cast<State*>(smem_raw);
-  const int64_t n = blockIdx.x;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
+  // Backwards over the grid, as in affine_nchw_kernel: the reduction's last chunks are in L2.
+  const int64_t n = gridDim.x - 1 - blockIdx.x;
+  const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
   const int lane_c = threadIdx.x % tpr, lane_r = threadIdx.x / tpr;
   const int CV = C / V;
   const T* xb = x + n * rows * C;
@@ -274,8 +275,11 @@ __global__ void __launch_bounds__(kMaxThreads)
                        const float4* __restrict__ coef, int64_t rows, int64_t HxW, int64_t chunk, int rows_per_cta,
                        FastDivmod hwv) {
   const int64_t bs = blockDim.x;
+  // CTAs walk the grid backwards: the reduction walked (row, chunk) forwards, so the first CTAs
+  // here re-read from L2 (50 MB on the H100) what it read last.
+  const int64_t bx = gridDim.x - 1 - blockIdx.x, by = gridDim.y - 1 - blockIdx.y;
   if (rows_per_cta == 1) {
-    const int64_t row = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * chunk;
+    const int64_t row = bx, h0 = by * chunk;
     const int64_t nvec = (min(HxW, h0 + chunk) - h0) / V, off = row * HxW + h0;
     const float4 k = coef[row];
     int64_t i = threadIdx.x;
@@ -290,7 +294,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       affine_vecs<T, V, HasDy>(x, dy, out, offs, &k, 0);
     }
   } else {
-    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_cta;
+    const int64_t r0 = bx * rows_per_cta;
     const uint32_t total = static_cast<uint32_t>(min(static_cast<int64_t>(rows_per_cta), rows - r0) * (HxW / V));
     const int64_t off = r0 * HxW;
     for (uint32_t j = threadIdx.x; j < total; j += blockDim.x) {
@@ -306,8 +310,9 @@ template <typename T, int V, bool HasDy>
 __global__ void __launch_bounds__(kMaxThreads)
     affine_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                        const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi) {
-  const int64_t n = blockIdx.x;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
+  // Backwards over the grid, as in affine_nchw_kernel: the reduction's last chunks are in L2.
+  const int64_t n = gridDim.x - 1 - blockIdx.x;
+  const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
   const int lane_c = threadIdx.x % tpr, lane_r = threadIdx.x / tpr;
   if (lane_r >= rpi) return;
   const int CV = C / V;
