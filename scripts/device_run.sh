@@ -4,7 +4,7 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb sweep" BUDGET_S=580 bash scripts/device_run.sh
+#   STEPS="build smoke bench test kb sweep fb ncu" BUDGET_S=580 bash scripts/device_run.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
@@ -51,6 +51,13 @@ fi
 if has sweep; then
   timeout $(( $(left) )) python3 scripts/onepass_sweep.py --json "$OUT/onepass_sweep.json" > "$OUT/onepass_sweep.log" 2>&1
   echo "sweep rc=$?"
+fi
+if has fb; then
+  timeout $(( $(left) )) python3 scripts/fb_overhead.py > "$OUT/fb_overhead.log" 2>&1
+  echo "fb_overhead rc=$?"; cat "$OUT/fb_overhead.log"
+fi
+if has ncu; then
+  OUT=$OUT timeout $(( $(left) )) bash scripts/ncu_gaps.sh
 fi
 [ -f "$OUT/bench.log" ] && sed -n '/^Device:/,$p' "$OUT/bench.log"
 exit 0
