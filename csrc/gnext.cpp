@@ -14,6 +14,18 @@ TORCH_LIBRARY(gnext, m) {
   m.def(
       "group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " int num_groups, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
+  // out = GroupNorm(GELU(conv_transpose2d(input, weight) + conv_bias)). z is the conv output
+  // without bias, saved with mean/rstd ((N, num_groups) float32) for the backward.
+  m.def(
+      "conv_transpose2d_gelu_group_norm(Tensor input, Tensor weight, Tensor? conv_bias, int[2] stride,"
+      " int[2] padding, int[2] output_padding, int[2] dilation, int groups, int num_groups, Tensor? gn_weight,"
+      " Tensor? gn_bias, float eps, str approximate) -> (Tensor out, Tensor z, Tensor mean, Tensor rstd)");
+  // Its backward. output_mask selects (grad_input, grad_weight, grad_conv_bias, grad_gn_weight, grad_gn_bias).
+  m.def(
+      "conv_transpose2d_gelu_group_norm_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? conv_bias,"
+      " Tensor z, Tensor mean, Tensor rstd, Tensor? gn_weight, int[2] stride, int[2] padding,"
+      " int[2] output_padding, int[2] dilation, int groups, int num_groups, str approximate, bool[5] output_mask)"
+      " -> (Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)");
 }
 
 // An importable (empty) Python module, so `import groupnorm_ext._C` loads this

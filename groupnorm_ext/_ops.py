@@ -45,3 +45,51 @@ def _group_norm_backward_fake(grad_out, input, mean, rstd, weight, num_groups, o
     dw = input.new_empty((C,), dtype=pdtype) if output_mask[1] else None
     db = input.new_empty((C,), dtype=pdtype) if output_mask[2] else None
     return dx, dw, db
+
+
+def _suggest_format(t: torch.Tensor) -> torch.memory_format:
+    """at::Tensor::suggest_memory_format for 4-D tensors (the C++ op makes its outputs dense in it)."""
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _fused_compute_format(input: torch.Tensor) -> torch.memory_format:
+    """compute_format in csrc/conv_gelu_gn/conv_gelu_gn.cpp: channels_last on CUDA, else the input's."""
+    return torch.channels_last if input.device.type == "cuda" else _suggest_format(input)
+
+
+@torch.library.register_fake("gnext::conv_transpose2d_gelu_group_norm")
+def _conv_transpose2d_gelu_group_norm_fake(input, weight, conv_bias, stride, padding, output_padding, dilation,
+                                           groups, num_groups, gn_weight, gn_bias, eps, approximate):
+    torch._check(input.dim() == 4, lambda: f"gnext.conv_transpose2d_gelu_group_norm: input must be 4-D, got {input.dim()}")
+    torch._check(approximate in ("none", "tanh"), lambda: f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    N, H, W = input.shape[0], input.shape[2], input.shape[3]
+    c_out = weight.shape[1] * groups
+    torch._check(num_groups > 0 and c_out % num_groups == 0,
+                 lambda: f"C_out={c_out} must be divisible by num_groups={num_groups}")
+    kh, kw = weight.shape[2], weight.shape[3]
+    ho = (H - 1) * stride[0] - 2 * padding[0] + dilation[0] * (kh - 1) + output_padding[0] + 1
+    wo = (W - 1) * stride[1] - 2 * padding[1] + dilation[1] * (kw - 1) + output_padding[1] + 1
+    z = torch.empty((N, c_out, ho, wo), dtype=input.dtype, device=input.device,
+                    memory_format=_fused_compute_format(input))
+    stats = input.new_empty((N, num_groups), dtype=torch.float32)
+    return _empty_like_input(z), z, stats, torch.empty_like(stats)
+
+
+@torch.library.register_fake("gnext::conv_transpose2d_gelu_group_norm_backward")
+def _conv_transpose2d_gelu_group_norm_backward_fake(grad_out, input, weight, conv_bias, z, mean, rstd, gn_weight,
+                                                    stride, padding, output_padding, dilation, groups, num_groups,
+                                                    approximate, output_mask):
+    def like(t, fmt=None):
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=fmt or torch.contiguous_format)
+
+    c_out = z.shape[1]
+    pdtype = gn_weight.dtype if gn_weight is not None else z.dtype
+    return (
+        like(input, _fused_compute_format(input)) if output_mask[0] else None,
+        like(weight, _suggest_format(weight)) if output_mask[1] else None,
+        like(conv_bias) if output_mask[2] and conv_bias is not None else None,
+        z.new_empty((c_out,), dtype=pdtype) if output_mask[3] else None,
+        z.new_empty((c_out,), dtype=pdtype) if output_mask[4] else None,
+    )

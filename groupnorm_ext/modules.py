@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .functional import group_norm
+from .functional import conv_transpose2d_gelu_group_norm, group_norm
 
 
 class GroupNorm(nn.GroupNorm):
@@ -38,4 +38,67 @@ def convert_group_norm(module: nn.Module) -> nn.Module:
         new_child = convert_group_norm(child)
         if new_child is not child:
             setattr(module, name, new_child)
+    return module
+
+
+class ConvTranspose2dGELUGroupNorm(nn.Module):
+    r"""``GroupNorm(GELU(ConvTranspose2d(x)))`` as one fused op
+    (:func:`groupnorm_ext.functional.conv_transpose2d_gelu_group_norm`).
+
+    Holds an ``nn.ConvTranspose2d`` as ``conv`` and an ``nn.GroupNorm`` as ``norm``, so the
+    ``state_dict`` keys are ``conv.weight``, ``conv.bias``, ``norm.weight``, ``norm.bias``. A
+    checkpoint of an unfused model maps by renaming its submodule prefixes, e.g. KernelBench L2#19's
+    ``conv_transpose.* -> conv.*`` and ``group_norm.* -> norm.*``, or ``nn.Sequential``'s
+    ``0.* -> conv.*`` and ``2.* -> norm.*``; :meth:`from_modules` shares the parameters of live
+    modules instead. Input ``(N, C_in, H, W)``; output ``(N, C_out, H_out, W_out)``.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, num_groups, stride=1, padding=0, output_padding=0,
+                 groups=1, bias=True, dilation=1, eps=1e-5, affine=True, approximate="none", device=None,
+                 dtype=None):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        kw = {"device": device, "dtype": dtype}
+        self.conv = nn.ConvTranspose2d(in_channels, out_channels, kernel_size, stride, padding, output_padding,
+                                       groups, bias, dilation, **kw)
+        self.norm = nn.GroupNorm(num_groups, out_channels, eps, affine, **kw)
+        self.approximate = approximate
+
+    @classmethod
+    def from_modules(cls, conv: nn.ConvTranspose2d, gelu: nn.GELU, norm: nn.GroupNorm):
+        """Fused module sharing ``conv``'s and ``norm``'s parameters (no copy)."""
+        if conv.padding_mode != "zeros" or not isinstance(conv.padding, tuple):
+            raise ValueError(f"only padding_mode='zeros' with explicit padding is supported, got {conv.padding_mode!r}")
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.conv, new.norm, new.approximate = conv, norm, gelu.approximate
+        return new
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        c, n = self.conv, self.norm
+        return conv_transpose2d_gelu_group_norm(input, c.weight, c.bias, n.num_groups, n.weight, n.bias, c.stride,
+                                                c.padding, c.output_padding, c.dilation, c.groups, n.eps,
+                                                self.approximate)
+
+
+def convert_conv_transpose_gelu_group_norm(module: nn.Module) -> nn.Module:
+    """Fuses every ``nn.ConvTranspose2d -> nn.GELU -> nn.GroupNorm`` run of three consecutive children
+    of an ``nn.Sequential`` (recursively) into :class:`ConvTranspose2dGELUGroupNorm`, sharing the
+    parameters; the GELU and GroupNorm slots become ``nn.Identity`` so indices stay valid. Returns
+    ``module``. Patterns written in a ``forward`` method (not a Sequential) are not detected. The
+    converted model's ``state_dict`` keys change (``0.weight`` -> ``0.conv.weight``): load a
+    checkpoint before converting.
+    """
+    for child in module.children():
+        convert_conv_transpose_gelu_group_norm(child)
+    if isinstance(module, nn.Sequential):
+        mods = list(module)
+        for i in range(len(mods) - 2):
+            a, b, c = mods[i], mods[i + 1], mods[i + 2]
+            if (type(a) is nn.ConvTranspose2d and type(b) is nn.GELU and type(c) is nn.GroupNorm
+                    and a.padding_mode == "zeros" and isinstance(a.padding, tuple)):
+                module[i] = ConvTranspose2dGELUGroupNorm.from_modules(a, b, c)
+                module[i + 1], module[i + 2] = nn.Identity(), nn.Identity()
+                mods = list(module)
     return module

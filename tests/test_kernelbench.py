@@ -32,3 +32,15 @@ def test_level1_35(device):
         x = kb.get_inputs()[0].to(device)
         with torch.no_grad():
             torch.testing.assert_close(new(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_level2_19(device):
+    """ModelNew vs Model, output and all gradients, 5 random inputs (TF32 off: fp32-accurate conv)."""
+    kb = _load("level2_19_convtranspose_gelu_groupnorm")
+    kb.batch_size, kb.in_channels, kb.out_channels, kb.height, kb.width = 2, 16, 16, 11, 9
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        kb.check(device, n_inputs=5, tol=1e-4)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "prologue.h"
+
 namespace gnext {
 
 template <typename T>
@@ -89,6 +91,15 @@ __device__ __forceinline__ void lds_vec(const T* p, float* out) {
   pk.raw = *reinterpret_cast<const typename Pack<T, V>::Raw*>(p);
 #pragma unroll
   for (int j = 0; j < V; ++j) out[j] = to_float(pk.v[j]);
+}
+
+// Shared-memory store of V floats as T (one vector store).
+template <typename T, int V>
+__device__ __forceinline__ void sts_vec(T* p, const float* in) {
+  Pack<T, V> pk;
+#pragma unroll
+  for (int j = 0; j < V; ++j) pk.v[j] = static_cast<T>(in[j]);
+  *reinterpret_cast<typename Pack<T, V>::Raw*>(p) = pk.raw;
 }
 
 // Inter-CTA signalling through an integer counter in global memory (no float atomics):
@@ -193,5 +204,45 @@ struct FastDivmod {
   }
   __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, multiplier) + n) >> shift; }
 };
+
+
+// ---------------------------------------------------------------------------------------------
+// Input prologues of the GroupNorm kernels: a = act(z + bias[c]) is what gets normalized (the
+// fused ConvTranspose2d + GELU + GroupNorm op feeds the conv output z). The formulas and constants
+// are PyTorch's F.gelu (approximate='none': x * Phi(x); 'tanh': the tanh approximation).
+// pre_apply returns a; pre_apply_grad also returns da/dz. Kinds: prologue.h.
+
+template <int P>
+__device__ __forceinline__ float pre_apply(float z, float b) {
+  if constexpr (P == kPreNone) {
+    return z;
+  } else if constexpr (P == kPreBiasGelu) {
+    const float u = z + b;
+    return 0.5f * u * (1.f + erff(u * 0.70710678118654752f));
+  } else {
+    const float u = z + b;
+    const float inner = 0.79788456080286536f * (u + 0.044715f * u * u * u);
+    return 0.5f * u * (1.f + tanhf(inner));
+  }
+}
+
+template <int P>
+__device__ __forceinline__ float pre_apply_grad(float z, float b, float& a) {
+  if constexpr (P == kPreNone) {
+    a = z;
+    return 1.f;
+  } else if constexpr (P == kPreBiasGelu) {
+    const float u = z + b;
+    const float cdf = 0.5f * (1.f + erff(u * 0.70710678118654752f));
+    a = u * cdf;
+    return cdf + u * 0.39894228040143268f * __expf(-0.5f * u * u);
+  } else {
+    const float u = z + b;
+    const float kBeta = 0.79788456080286536f, kKappa = 0.044715f;
+    const float t = tanhf(kBeta * (u + kKappa * u * u * u));
+    a = 0.5f * u * (1.f + t);
+    return 0.5f * (1.f + t) + 0.5f * u * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * u * u);
+  }
+}
 
 }  // namespace gnext

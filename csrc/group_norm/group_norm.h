@@ -7,6 +7,8 @@
 #include <limits>
 #include <tuple>
 
+#include "../common/prologue.h"
+
 namespace gnext {
 
 using at::Tensor;
@@ -119,6 +121,34 @@ inline std::tuple<OptTensor, OptTensor, OptTensor> alloc_backward_outputs(const 
   if (output_mask[0]) dx = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
   return {dx, param(output_mask[1]), param(output_mask[2])};
 }
+
+// Optional input prologue of the GroupNorm kernels: normalize a = act(x + bias[c]) instead of x
+// (kind: PreKind; bias (C,) or none). With a prologue the backward's
+// grad_input is d/dx = dL/da * act'(x + bias). Used by the fused ConvTranspose2d+GELU+GroupNorm op.
+struct Prologue {
+  int kind = 0;
+  OptTensor bias;
+};
+
+inline void check_prologue(const char* op, const Tensor& input, const Prologue& pro) {
+  TORCH_CHECK(pro.kind >= kPreNone && pro.kind <= kPreBiasGeluTanh, op, ": unknown prologue kind ", pro.kind);
+  if (!defined(pro.bias)) return;
+  const Tensor& b = *pro.bias;
+  TORCH_CHECK(b.dim() == 1 && b.size(0) == input.size(1) && b.is_contiguous(), op,
+              ": conv_bias must be a contiguous (C,) = (", input.size(1), ") tensor, got shape ", b.sizes());
+  TORCH_CHECK(b.device() == input.device(), op, ": conv_bias is on ", b.device(), " but input is on ",
+              input.device());
+  TORCH_CHECK(b.scalar_type() == input.scalar_type() || b.scalar_type() == at::kFloat, op,
+              ": conv_bias dtype must match input (", input.scalar_type(), ") or be float32, got ", b.scalar_type());
+}
+
+// CUDA GroupNorm with a prologue (group_norm_cuda.cpp); `op` names the caller in messages.
+std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
+                                                       const OptTensor& weight, const OptTensor& bias, double eps,
+                                                       const Prologue& pro);
+std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
+    const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
+    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Prologue& pro);
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_cpu(const Tensor& input, int64_t num_groups, const OptTensor& weight,
                                                   const OptTensor& bias, double eps);

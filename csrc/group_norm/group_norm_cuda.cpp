@@ -166,8 +166,9 @@ int env_int(const char* name, int dflt) {
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
 std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType t, bool bwd, bool nhwc,
-                                                std::initializer_list<const void*> ptrs) {
+                                                std::initializer_list<const void*> ptrs, int pre_kind) {
   if (env_int("GNEXT_ONEPASS", 1) == 0) return std::nullopt;
+  if (nhwc && pre_kind != kPreNone) return std::nullopt;  // the NHWC one-pass kernel has no prologue
   const int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
   if (V == 1) return std::nullopt;
   const auto* prop = at::cuda::getCurrentDeviceProperties();
@@ -274,12 +275,20 @@ unsigned* counters_ptr(const Tensor& c) { return c.defined() ? static_cast<unsig
 
 Problem to_problem(const GNShape& s) { return {s.N, s.C, s.G, s.D, s.HxW}; }
 
+gn::PreArgs pre_args(const Prologue& pre) {
+  return {pre.kind, ptr_or_null(pre.bias),
+          defined(pre.bias) ? scalar_kind(pre.bias->scalar_type()) : ScalarKind::Float};
+}
+
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t num_groups, const OptTensor& weight,
-                                                   const OptTensor& bias, double eps) {
-  const GNShape s = check_group_norm_args("gnext.group_norm", input, num_groups, weight, bias);
+std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
+                                                       const OptTensor& weight, const OptTensor& bias, double eps,
+                                                       const Prologue& pro) {
+  const GNShape s = check_group_norm_args(op, input, num_groups, weight, bias);
+  check_prologue(op, input, pro);
   const Problem p = to_problem(s);
+  const gn::PreArgs pre = pre_args(pro);
   c10::cuda::CUDAGuard guard(input.device());
   const Tensor x_in = dense_input(input);
   Tensor out = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
@@ -298,14 +307,14 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t 
   const ScalarKind t = scalar_kind(input.scalar_type());
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr()});
   auto stream = at::cuda::getCurrentCUDAStream();
-  if (const auto og = onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr()})) {
+  if (const auto og = onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr()}, pre.kind)) {
     Tensor partial = at::empty({s.N * s.G * og->T * 3}, mean.options());  // per (tile, group)
     const Tensor counters = onepass_counters(*og, mean, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, at::kFloat);
     a.mean = mean.data_ptr<float>(), a.rstd = rstd.data_ptr<float>(), a.partial = partial.data_ptr<float>();
-    a.counters = counters_ptr(counters), a.eps = static_cast<float>(eps);
+    a.counters = counters_ptr(counters), a.eps = static_cast<float>(eps), a.pre = pre;
     C10_CUDA_CHECK(gn::launch_onepass(false, t, p, *og, a, stream));
     if (!y.is_same(out)) out.copy_(y);
     return {out, mean, rstd};
@@ -313,24 +322,25 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t 
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
   Tensor partial = at::empty({s.N * s.C * rg.K * 3}, mean.options());
   Tensor coef = at::empty({s.N, s.C, 4}, mean.options());
-  C10_CUDA_CHECK(gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial.data_ptr<float>(), stream));
+  C10_CUDA_CHECK(
+      gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial.data_ptr<float>(), pre, stream));
   C10_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, at::kFloat), p, partial_layout(p, rg),
                                              partial.data_ptr<float>(), ptr_or_null(w), ptr_or_null(b),
                                              mean.data_ptr<float>(), rstd.data_ptr<float>(), coef.data_ptr<float>(),
                                              static_cast<float>(eps), stream));
   C10_CUDA_CHECK(gn::launch_affine(false, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), nullptr, y.data_ptr(),
-                                   coef.data_ptr<float>(), stream));
+                                   coef.data_ptr<float>(), pre, stream));
   if (!y.is_same(out)) out.copy_(y);
   return {out, mean, rstd};
 }
 
-std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tensor& grad_out, const Tensor& input,
-                                                                     const Tensor& mean, const Tensor& rstd,
-                                                                     const OptTensor& weight, int64_t num_groups,
-                                                                     std::array<bool, 3> output_mask) {
-  const GNShape s = check_group_norm_backward_args("gnext.group_norm_backward", grad_out, input, mean, rstd,
-                                                   weight, num_groups);
+std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
+    const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
+    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Prologue& pro) {
+  const GNShape s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
+  check_prologue(op, input, pro);
   const Problem p = to_problem(s);
+  const gn::PreArgs pre = pre_args(pro);
   c10::cuda::CUDAGuard guard(input.device());
   const bool need_params = output_mask[1] || output_mask[2];
   auto [dx, dgamma, dbeta] = alloc_backward_outputs(input, s, weight, output_mask);
@@ -358,7 +368,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
   };
   const auto og = !output_mask[0] ? std::nullopt
                                   : onepass_geometry(p, input.scalar_type(), true, nhwc,
-                                                     {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
+                                                     {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()}, pre.kind);
   if (og) {
     // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
     Tensor partial = at::empty({og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2},
@@ -369,7 +379,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
     a.wt = param_kind(w, std::nullopt, at::kFloat);
     a.mean = mean_c.data_ptr<float>(), a.rstd = rstd_c.data_ptr<float>();
     a.partial = partial.data_ptr<float>(), a.dsum = need_params ? dsum.data_ptr<float>() : nullptr;
-    a.counters = counters_ptr(counters);
+    a.counters = counters_ptr(counters), a.pre = pre;
     C10_CUDA_CHECK(gn::launch_onepass(true, t, p, *og, a, stream));
     gamma_beta();
     if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
@@ -379,7 +389,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
   Tensor partial = at::empty({s.N * s.C * rg.K * 2}, mean_c.options());
   Tensor coef = output_mask[0] ? at::empty({s.N, s.C, 4}, mean_c.options()) : Tensor();
   C10_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), mean_c.data_ptr<float>(),
-                                   partial.data_ptr<float>(), stream));
+                                   partial.data_ptr<float>(), pre, stream));
   C10_CUDA_CHECK(gn::launch_finalize_backward(
       param_kind(w, std::nullopt, at::kFloat), p, partial_layout(p, rg), partial.data_ptr<float>(),
       mean_c.data_ptr<float>(), rstd_c.data_ptr<float>(), ptr_or_null(w),
@@ -387,11 +397,28 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
   gamma_beta();
   if (output_mask[0]) {
     C10_CUDA_CHECK(gn::launch_affine(true, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), dy.data_ptr(),
-                                     dx_work.data_ptr(), coef.data_ptr<float>(), stream));
+                                     dx_work.data_ptr(), coef.data_ptr<float>(), pre, stream));
     if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
   }
   return {dx, dgamma, dbeta};
 }
+
+namespace {
+
+std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t num_groups, const OptTensor& weight,
+                                                   const OptTensor& bias, double eps) {
+  return group_norm_cuda_pre("gnext.group_norm", input, num_groups, weight, bias, eps, Prologue{});
+}
+
+std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tensor& grad_out, const Tensor& input,
+                                                                     const Tensor& mean, const Tensor& rstd,
+                                                                     const OptTensor& weight, int64_t num_groups,
+                                                                     std::array<bool, 3> output_mask) {
+  return group_norm_backward_cuda_pre("gnext.group_norm_backward", grad_out, input, mean, rstd, weight, num_groups,
+                                      output_mask, Prologue{});
+}
+
+}  // namespace
 
 TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
   m.impl("group_norm", &group_norm_cuda);

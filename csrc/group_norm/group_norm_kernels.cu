@@ -33,14 +33,30 @@ cudaError_t with_vec(int vec, F&& f) {
   return f(std::integral_constant<int, 16 / sizeof(T)>{});
 }
 
+// Prologue kind (PreKind) as a compile-time constant.
+template <typename F>
+cudaError_t with_pre(int kind, F&& f) {
+  switch (kind) {
+    case kPreNone:
+      return f(std::integral_constant<int, kPreNone>{});
+    case kPreBiasGelu:
+      return f(std::integral_constant<int, kPreBiasGelu>{});
+    case kPreBiasGeluTanh:
+      return f(std::integral_constant<int, kPreBiasGeluTanh>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const ReduceGeometry& g, const void* x,
-                          const void* dy, const float* mean, float* partial, cudaStream_t stream) {
+                          const void* dy, const float* mean, float* partial, const PreArgs& pre,
+                          cudaStream_t stream) {
   return with_scalar(t, [&](auto tt) {
     using T = decltype(tt);
-    return with_vec<T>(g.vec, [&](auto vv) {
+    return with_vec<T>(g.vec, [&](auto vv) { return with_pre(pre.kind, [&](auto pp) {
       constexpr int V = decltype(vv)::value;
+      constexpr int P = decltype(pp)::value;
       auto go = [&](auto rtag) -> cudaError_t {
         using R = decltype(rtag);
         using State = typename R::State;
@@ -48,7 +64,7 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
         const T* dyp = static_cast<const T*>(dy);
         State* out = reinterpret_cast<State*>(partial);
         if (g.nhwc) {
-          auto kernel = reduce_nhwc_kernel<T, V, R>;
+          auto kernel = reduce_nhwc_kernel<T, V, R, P>;
           if (g.smem > 48 * 1024) {
             const cudaError_t e =
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
@@ -56,15 +72,15 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
           }
           kernel<<<dim3(p.N, g.K), g.threads, g.smem, stream>>>(xp, dyp, mean, out, p.HxW, g.chunk,
                                                                  static_cast<int>(p.C), static_cast<int>(p.D),
-                                                                 static_cast<int>(p.G), g.tpr, g.rpi);
+                                                                 static_cast<int>(p.G), g.tpr, g.rpi, pre);
         } else {
-          reduce_nchw_kernel<T, V, R>
-              <<<dim3(p.N * p.C, g.K), g.threads, 0, stream>>>(xp, dyp, mean, out, p.HxW, g.chunk, p.C, p.D, p.G);
+          reduce_nchw_kernel<T, V, R, P><<<dim3(p.N * p.C, g.K), g.threads, 0, stream>>>(
+              xp, dyp, mean, out, p.HxW, g.chunk, p.C, p.D, p.G, pre);
         }
         return cudaGetLastError();
       };
       return grad ? go(GradReducer{}) : go(MomentsReducer{});
-    });
+    }); });
   });
 }
 
@@ -105,11 +121,12 @@ cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const fl
 }
 
 cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const AffineGeometry& g, const void* x,
-                          const void* dy, void* out, const float* coef, cudaStream_t stream) {
+                          const void* dy, void* out, const float* coef, const PreArgs& pre, cudaStream_t stream) {
   return with_scalar(t, [&](auto tt) {
     using T = decltype(tt);
-    return with_vec<T>(g.vec, [&](auto vv) {
+    return with_vec<T>(g.vec, [&](auto vv) { return with_pre(pre.kind, [&](auto pp) {
       constexpr int V = decltype(vv)::value;
+      constexpr int P = decltype(pp)::value;
       auto go = [&](auto dytag) -> cudaError_t {
         constexpr bool HasDy = decltype(dytag)::value;
         const T* xp = static_cast<const T*>(x);
@@ -118,17 +135,17 @@ cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const Aff
         const float4* k = reinterpret_cast<const float4*>(coef);
         const dim3 grid(g.grid_x, g.grid_y);
         if (g.nhwc) {
-          affine_nhwc_kernel<T, V, HasDy>
-              <<<grid, g.threads, 0, stream>>>(xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi);
+          affine_nhwc_kernel<T, V, HasDy, P><<<grid, g.threads, 0, stream>>>(
+              xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pre);
         } else {
-          affine_nchw_kernel<T, V, HasDy><<<grid, g.threads, 0, stream>>>(
+          affine_nchw_kernel<T, V, HasDy, P><<<grid, g.threads, 0, stream>>>(
               xp, dyp, op, k, p.N * p.C, p.HxW, g.chunk, g.rows_per_cta,
-              g.rows_per_cta > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod());
+              g.rows_per_cta > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod(), p.C, pre);
         }
         return cudaGetLastError();
       };
       return has_dy ? go(std::true_type{}) : go(std::false_type{});
-    });
+    }); });
   });
 }
 
@@ -138,9 +155,9 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T);
     if (g.vec != V || g.threads > kOnePassThreads || g.threads % 32 != 0) return cudaErrorInvalidValue;
-    // btag (forward/backward) is unused in the body: it makes each kernel's instantiation of this
-    // lambda, and so its smem_set cache below, distinct (both directions share a signature).
-    auto go = [&](auto btag, auto kernel, auto... extra) -> cudaError_t {
+    // `tag` is unused in the body: a distinct type per kernel makes each kernel's instantiation of
+    // this lambda, and so its smem_set cache below, distinct (the kernels share signatures).
+    auto go = [&](auto tag, auto kernel, auto... extra) -> cudaError_t {
       // Raise the kernel's dynamic shared-memory limit once per device (the call costs host time).
       static std::atomic<int> smem_set[kMaxDevices];
       int dev = 0;
@@ -166,10 +183,17 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
     };
     auto layout = [&](auto btag) -> cudaError_t {
       constexpr bool B = decltype(btag)::value;
-      if (g.nhwc)
-        return go(btag, onepass_nhwc_kernel<T, V, B>, p.C, p.G, p.D, p.HxW, g.units * g.T);
+      if (g.nhwc) {
+        if (a.pre.kind != kPreNone) return cudaErrorInvalidValue;  // no prologue in the NHWC kernel
+        return go(std::integral_constant<int, 2 * B>{}, onepass_nhwc_kernel<T, V, B>, p.C, p.G, p.D, p.HxW,
+                  g.units * g.T);
+      }
       const FastDivmod hwv = g.cpt > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod();
-      return go(btag, onepass_nchw_kernel<T, V, B>, p.G, p.D, p.HxW, g.units * g.T, hwv);
+      return with_pre(a.pre.kind, [&](auto pp) {
+        constexpr int P = decltype(pp)::value;
+        return go(std::integral_constant<int, 2 * B + 1 + 4 * P>{}, onepass_nchw_kernel<T, V, B, P>, p.G, p.D,
+                  p.HxW, g.units * g.T, hwv);
+      });
     };
     return bwd ? layout(std::true_type{}) : layout(std::false_type{});
   });

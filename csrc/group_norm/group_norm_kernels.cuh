@@ -18,6 +18,19 @@
 namespace gnext {
 namespace gn {
 
+// gamma/beta/bias element c as float (dflt when p is null).
+__device__ __forceinline__ float load_param(const void* p, ScalarKind k, int64_t c, float dflt) {
+  if (p == nullptr) return dflt;
+  switch (k) {
+    case ScalarKind::Half:
+      return to_float(static_cast<const c10::Half*>(p)[c]);
+    case ScalarKind::BFloat16:
+      return to_float(static_cast<const c10::BFloat16*>(p)[c]);
+    default:
+      return static_cast<const float*>(p)[c];
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // What a reduction accumulates per channel.
 struct MomentsReducer {  // forward: Welford statistics of x
@@ -47,11 +60,11 @@ struct GradReducer {  // backward: (sum dy * (x - mean), sum dy)
 // ---------------------------------------------------------------------------------------------
 // NCHW reduction. grid = (N*C rows, K chunks of HxW); partial[(row * K) + k].
 // `chunk` is a multiple of V; HxW % V == 0 when V > 1.
-template <typename T, int V, typename R>
+template <typename T, int V, typename R, int P>
 __global__ void __launch_bounds__(kMaxThreads)
     reduce_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
                        typename R::State* __restrict__ partial, int64_t HxW, int64_t chunk, int64_t C, int64_t D,
-                       int64_t G) {
+                       int64_t G, PreArgs pre) {
   using State = typename R::State;
   __shared__ State scratch[33];
   const int64_t row = blockIdx.x;
@@ -60,6 +73,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t off = row * HxW + h0;
   float mu = 0.f;
   if constexpr (R::kNeedsDy) mu = mean[(row / C) * G + (row % C) / D];
+  const float pb = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, row % C, 0.f);
 
   State s = R::Op::identity();
   const int64_t nvec = len / V, bs = blockDim.x;
@@ -71,12 +85,20 @@ __global__ void __launch_bounds__(kMaxThreads)
       load_vec<T, V>(x + off + (i + u * bs) * V, xs + u * V);
       if constexpr (R::kNeedsDy) load_vec<T, V>(dy + off + (i + u * bs) * V, ds + u * V);
     }
+    if constexpr (P != kPreNone) {
+#pragma unroll
+      for (int e = 0; e < kUnroll * V; ++e) xs[e] = pre_apply<P>(xs[e], pb);
+    }
     R::template accumulate<kUnroll * V>(s, xs, ds, mu);
   }
   for (; i < nvec; i += bs) {
     float xs[V], ds[V];
     load_vec<T, V>(x + off + i * V, xs);
     if constexpr (R::kNeedsDy) load_vec<T, V>(dy + off + i * V, ds);
+    if constexpr (P != kPreNone) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) xs[e] = pre_apply<P>(xs[e], pb);
+    }
     R::template accumulate<V>(s, xs, ds, mu);
   }
   s = block_reduce<typename R::Op>(s, scratch);
@@ -87,17 +109,16 @@ __global__ void __launch_bounds__(kMaxThreads)
 // NHWC reduction. grid = (N, K ranges of `rchunk` rows); partial[(n * K + k) * C + c].
 // Thread t owns channel vectors cv = t % tpr (+ tpr, ...) and rows t / tpr (+ rpi, ...);
 // dynamic shared memory holds rpi * C states.
-template <typename T, int V, typename R>
+template <typename T, int V, typename R, int P>
 __global__ void __launch_bounds__(kMaxThreads)
     reduce_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
                        typename R::State* __restrict__ partial, int64_t rows, int64_t rchunk, int C, int D, int G,
-                       int tpr, int rpi) {
+                       int tpr, int rpi, PreArgs pre) {
   using State = typename R::State;
   extern __shared__ unsigned char smem_raw[];
   State* sm = reinterpret_cast<State*>(smem_raw);
-  // Backwards over the grid, as in affine_nchw_kernel: the reduction's last chunks are in L2.
-  const int64_t n = gridDim.x - 1 - blockIdx.x;
-  const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
+  const int64_t n = blockIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
   const int lane_c = threadIdx.x % tpr, lane_r = threadIdx.x / tpr;
   const int CV = C / V;
   const T* xb = x + n * rows * C;
@@ -106,11 +127,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (lane_r < rpi) {
     for (int cv = lane_c; cv < CV; cv += tpr) {
       const int c0 = cv * V;
-      float mu[V];
+      float mu[V], pb[V];
       State s[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         mu[j] = R::kNeedsDy ? mean[n * G + (c0 + j) / D] : 0.f;
+        pb[j] = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, c0 + j, 0.f);
         s[j] = R::Op::identity();
       }
       int64_t r = r0 + lane_r;
@@ -126,7 +148,7 @@ __global__ void __launch_bounds__(kMaxThreads)
           float xj[kUnroll], dj[kUnroll];
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
-            xj[u] = xs[u][j];
+            xj[u] = pre_apply<P>(xs[u][j], pb[j]);
             dj[u] = ds[u][j];
           }
           R::template accumulate<kUnroll>(s[j], xj, dj, mu[j]);
@@ -137,7 +159,10 @@ __global__ void __launch_bounds__(kMaxThreads)
         load_vec<T, V>(xb + r * C + c0, xs);
         if constexpr (R::kNeedsDy) load_vec<T, V>(db + r * C + c0, ds);
 #pragma unroll
-        for (int j = 0; j < V; ++j) R::template accumulate<1>(s[j], xs + j, ds + j, mu[j]);
+        for (int j = 0; j < V; ++j) {
+          xs[j] = pre_apply<P>(xs[j], pb[j]);
+          R::template accumulate<1>(s[j], xs + j, ds + j, mu[j]);
+        }
       }
 #pragma unroll
       for (int j = 0; j < V; ++j) sm[lane_r * C + c0 + j] = s[j];
@@ -247,11 +272,25 @@ __device__ __forceinline__ float channel_affine(const float4& k, float x, float 
   return r;
 }
 
+// channel_affine of the prologue's a = act(x + b); backward: times act'(x + b).
+template <bool HasDy, int P>
+__device__ __forceinline__ float pre_affine(const float4& k, float x, float dy, float b) {
+  if constexpr (P == kPreNone) {
+    return channel_affine<HasDy>(k, x, dy);
+  } else if constexpr (!HasDy) {
+    return channel_affine<false>(k, pre_apply<P>(x, b), 0.f);
+  } else {
+    float a;
+    const float g = pre_apply_grad<P>(x, b, a);
+    return channel_affine<true>(k, a, dy) * g;
+  }
+}
+
 // Loads U vectors (x and, for the backward, dy) at offs[u] before any store, then writes
 // out = channel_affine(...) for each. All U loads are in flight together.
-template <typename T, int V, bool HasDy, int U>
+template <typename T, int V, bool HasDy, int P, int U>
 __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
-                                            const int64_t (&offs)[U], const float4* k, int k_stride) {
+                                            const int64_t (&offs)[U], const float4* k, const float* pb, int k_stride) {
   float xs[U][V], ds[U][V];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -261,7 +300,8 @@ __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) xs[u][j] = channel_affine<HasDy>(k[j * k_stride], xs[u][j], HasDy ? ds[u][j] : 0.f);
+    for (int j = 0; j < V; ++j)
+      xs[u][j] = pre_affine<HasDy, P>(k[j * k_stride], xs[u][j], HasDy ? ds[u][j] : 0.f, pb[j * k_stride]);
     store_vec<T, V>(out + offs[u], xs[u]);
   }
 }
@@ -269,11 +309,11 @@ __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __
 // NCHW. Long rows (rows_per_cta == 1): grid = (N*C, chunks), a CTA covers `chunk` elements of one
 // row. Short rows: grid = (ceil(N*C / rows_per_cta)), a CTA covers rows_per_cta whole rows and
 // finds each vector's row with a fast divide by HxW/V.
-template <typename T, int V, bool HasDy>
+template <typename T, int V, bool HasDy, int P>
 __global__ void __launch_bounds__(kMaxThreads)
     affine_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                        const float4* __restrict__ coef, int64_t rows, int64_t HxW, int64_t chunk, int rows_per_cta,
-                       FastDivmod hwv) {
+                       FastDivmod hwv, int64_t C, PreArgs pre) {
   const int64_t bs = blockDim.x;
   // CTAs walk the grid backwards: the reduction walked (row, chunk) forwards, so the first CTAs
   // here re-read from L2 (50 MB on the H100) what it read last.
@@ -282,34 +322,38 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int64_t row = bx, h0 = by * chunk;
     const int64_t nvec = (min(HxW, h0 + chunk) - h0) / V, off = row * HxW + h0;
     const float4 k = coef[row];
+    const float pb = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, row % C, 0.f);
     int64_t i = threadIdx.x;
     for (; i + (kUnroll - 1) * bs < nvec; i += kUnroll * bs) {
       int64_t offs[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) offs[u] = off + (i + u * bs) * V;
-      affine_vecs<T, V, HasDy>(x, dy, out, offs, &k, 0);
+      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, &k, &pb, 0);
     }
     for (; i < nvec; i += bs) {
       const int64_t offs[1] = {off + i * V};
-      affine_vecs<T, V, HasDy>(x, dy, out, offs, &k, 0);
+      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, &k, &pb, 0);
     }
   } else {
     const int64_t r0 = bx * rows_per_cta;
     const uint32_t total = static_cast<uint32_t>(min(static_cast<int64_t>(rows_per_cta), rows - r0) * (HxW / V));
     const int64_t off = r0 * HxW;
     for (uint32_t j = threadIdx.x; j < total; j += blockDim.x) {
-      const float4 k = coef[r0 + hwv.div(j)];
+      const int64_t row = r0 + hwv.div(j);
+      const float4 k = coef[row];
+      const float pb = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, row % C, 0.f);
       const int64_t offs[1] = {off + static_cast<int64_t>(j) * V};
-      affine_vecs<T, V, HasDy>(x, dy, out, offs, &k, 0);
+      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, &k, &pb, 0);
     }
   }
 }
 
 // NHWC. grid = (N, K ranges of rchunk rows); thread layout as in reduce_nhwc_kernel.
-template <typename T, int V, bool HasDy>
+template <typename T, int V, bool HasDy, int P>
 __global__ void __launch_bounds__(kMaxThreads)
     affine_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
-                       const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi) {
+                       const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi,
+                       PreArgs pre) {
   // Backwards over the grid, as in affine_nchw_kernel: the reduction's last chunks are in L2.
   const int64_t n = gridDim.x - 1 - blockIdx.x;
   const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
@@ -320,18 +364,22 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int cv = lane_c; cv < CV; cv += tpr) {
     const int c0 = cv * V;
     float4 k[V];
+    float pb[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) k[j] = coef[n * C + c0 + j];
+    for (int j = 0; j < V; ++j) {
+      k[j] = coef[n * C + c0 + j];
+      pb[j] = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, c0 + j, 0.f);
+    }
     int64_t r = r0 + lane_r;
     for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
       int64_t offs[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) offs[u] = base + (r + u * rpi) * C + c0;
-      affine_vecs<T, V, HasDy>(x, dy, out, offs, k, 1);
+      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, k, pb, 1);
     }
     for (; r < r1; r += rpi) {
       const int64_t offs[1] = {base + r * C + c0};
-      affine_vecs<T, V, HasDy>(x, dy, out, offs, k, 1);
+      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, k, pb, 1);
     }
   }
 }

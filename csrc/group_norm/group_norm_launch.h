@@ -68,6 +68,15 @@ struct OnePassGeometry {
   bool nhwc;      // NHWC: units of cb channels (whole groups), tiles of `rows` pixels x cb
   int64_t cb, rows;
 };
+// Optional prologue on the input: the kernels normalize a = act(x + bias[c]) instead of x
+// (kind: PreKind in device_utils.cuh; bias may be null = 0). Backward: grad_out is the gradient of
+// the GroupNorm output and the kernels write d/dx = dL/da * act'(x + bias) (the GELU backward fused).
+struct PreArgs {
+  int kind;          // PreKind (common/prologue.h)
+  const void* bias;  // (C,) or null
+  ScalarKind bias_t;
+};
+
 struct OnePassArgs {
   const void* x;
   const void* dy;  // backward only
@@ -82,6 +91,7 @@ struct OnePassArgs {
   float* dsum;         // backward: (sum dy*(x-mean), sum dy) per (n, c) for dgamma/dbeta, or null
   unsigned* counters;  // one per group / unit, zero on entry; null when T == 1
   float eps;
+  PreArgs pre;         // NCHW only (the NHWC one-pass kernel has no prologue)
 };
 cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
                            cudaStream_t stream);
@@ -92,7 +102,8 @@ constexpr size_t kGradStateBytes = 2 * sizeof(float);
 
 // Forward Welford partials of x (grad == false) or backward sums of dy*(x - mean) and dy.
 cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const ReduceGeometry& g, const void* x,
-                          const void* dy, const float* mean, float* partial, cudaStream_t stream);
+                          const void* dy, const float* mean, float* partial, const PreArgs& pre,
+                          cudaStream_t stream);
 // mean/rstd per (n, g) and coef = (mean, rstd*gamma, 0, beta) per (n, c). wt: gamma/beta type.
 cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
                                     const void* gamma, const void* beta, float* mean, float* rstd, float* coef,
@@ -104,9 +115,10 @@ cudaError_t launch_finalize_backward(ScalarKind wt, const Problem& p, const Part
 // dgamma/dbeta (either may be null) of type pt from dsum.
 cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const float* dsum, const float* rstd,
                                        void* dgamma, void* dbeta, cudaStream_t stream);
-// out = coef.y * (x - coef.x) [+ coef.z * dy] + coef.w.
+// out = coef.y * (a - coef.x) [+ coef.z * dy] + coef.w, a = x or the prologue's act(x + bias)
+// (backward with a prologue: times act'(x + bias)).
 cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const AffineGeometry& g, const void* x,
-                          const void* dy, void* out, const float* coef, cudaStream_t stream);
+                          const void* dy, void* out, const float* coef, const PreArgs& pre, cudaStream_t stream);
 
 }  // namespace gn
 }  // namespace gnext

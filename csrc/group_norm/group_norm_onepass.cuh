@@ -17,23 +17,10 @@
 // every CTA publishes wave k+1 before it waits on wave k; all CTAs are co-resident (cooperative
 // launch), so the waits of wave k end once wave k-1's have. With nbuf == 1 every CTA has one tile.
 #pragma once
-#include "../common/device_utils.cuh"
-#include "group_norm_launch.h"
+#include "group_norm_kernels.cuh"
 
 namespace gnext {
 namespace gn {
-
-__device__ __forceinline__ float load_param(const void* p, ScalarKind k, int64_t c, float dflt) {
-  if (p == nullptr) return dflt;
-  switch (k) {
-    case ScalarKind::Half:
-      return to_float(static_cast<const c10::Half*>(p)[c]);
-    case ScalarKind::BFloat16:
-      return to_float(static_cast<const c10::BFloat16*>(p)[c]);
-    default:
-      return static_cast<const float*>(p)[c];
-  }
-}
 
 struct OnePassTile {
   bool valid;
@@ -105,7 +92,7 @@ __device__ __forceinline__ void onepass_pipeline(int nbuf, int64_t ktiles, Load&
   cp_async_wait<0>();
 }
 
-template <typename T, int V, bool Bwd>
+template <typename T, int V, bool Bwd, int Pre>
 __global__ void __launch_bounds__(kOnePassThreads, 1)
     onepass_nchw_kernel(OnePassArgs a, OnePassGeometry geo, int64_t G, int64_t D, int64_t HxW, int64_t ntiles,
                         FastDivmod hwv) {
@@ -139,6 +126,9 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     cp_async_commit();
   };
 
+  // Prologue bias of channel c (0 without a prologue).
+  auto pre_bias = [&](int64_t c) { return Pre == kPreNone ? 0.f : load_param(a.pre.bias, a.pre.bias_t, c, 0.f); };
+
   // Statistics of the k-th tile (in shared memory) to `partial`; then the group's counter.
   auto publish = [&](int64_t k) {
     const OnePassTile t = tile_k(k);
@@ -146,11 +136,22 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     const T* sx = bx + (k % geo.nbuf) * geo.tile;
     const T* sd = bd + (k % geo.nbuf) * geo.tile;
     const uint32_t nvec = t.len / V;
+    const int64_t c0 = (t.u % G) * D + t.d0;  // channel of the tile's first element
     if constexpr (!Bwd) {
       WelfordState s = WelfordOp::identity();
+      float pb = pre_bias(c0);
       for (uint32_t v = tid; v < nvec; v += blockDim.x) {
         float xv[V];
         lds_vec<T, V>(sx + v * V, xv);
+        if constexpr (Pre != kPreNone) {
+          // The prologue's a = act(x + b) replaces x in shared memory (rounded to T, as the unfused
+          // PyTorch activation would be): the finish normalizes it without recomputing.
+          if (t.nch > 1) pb = pre_bias(c0 + hwv.div(v));
+#pragma unroll
+          for (int e = 0; e < V; ++e) xv[e] = pre_apply<Pre>(xv[e], pb);
+          sts_vec<T, V>(const_cast<T*>(sx) + v * V, xv);
+          lds_vec<T, V>(sx + v * V, xv);  // the statistics of the stored (rounded) values
+        }
         s = welford_merge(s, welford_of<V>(xv));
       }
       s = block_reduce<WelfordOp>(s, wscratch);
@@ -160,20 +161,22 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
       }
     } else {
       const float mu = a.mean[t.u];
-      auto acc = [&](float2& s, uint32_t v) {
+      auto acc = [&](float2& s, uint32_t v, float pb) {
         float xv[V], dv[V];
         lds_vec<T, V>(sx + v * V, xv);
         lds_vec<T, V>(sd + v * V, dv);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          s.x = fmaf(dv[e], xv[e] - mu, s.x);
+          const float xa = pre_apply<Pre>(xv[e], pb);
+          s.x = fmaf(dv[e], xa - mu, s.x);
           s.y += dv[e];
         }
       };
       float2* q = partial2 + (t.u * D + t.d0) * geo.sub + t.piece;
       if (t.nch == 1) {
         float2 s = Sum2Op::identity();
-        for (uint32_t v = tid; v < nvec; v += blockDim.x) acc(s, v);
+        const float pb = pre_bias(c0);
+        for (uint32_t v = tid; v < nvec; v += blockDim.x) acc(s, v, pb);
         s = block_reduce<Sum2Op>(s, sscratch);
         if (tid == 0) *q = s;
       } else {
@@ -183,7 +186,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
           float2 s = Sum2Op::identity();
           if (warp < t.nch * wpc) {
             const uint32_t ch = warp / wpc, part = warp % wpc;
-            for (uint32_t v = part * 32 + lane; v < hv; v += wpc * 32) acc(s, ch * hv + v);
+            const float pb = pre_bias(c0 + ch);
+            for (uint32_t v = part * 32 + lane; v < hv; v += wpc * 32) acc(s, ch * hv + v, pb);
           }
           s = warp_reduce<Sum2Op>(s);
           if (lane == 0) sscratch[warp] = s;
@@ -197,7 +201,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
         } else {  // a warp per channel
           for (int ch = warp; ch < t.nch; ch += nwarps) {
             float2 s = Sum2Op::identity();
-            for (uint32_t v = lane; v < hv; v += 32) acc(s, ch * hv + v);
+            const float pb = pre_bias(c0 + ch);
+            for (uint32_t v = lane; v < hv; v += 32) acc(s, ch * hv + v, pb);
             s = warp_reduce<Sum2Op>(s);
             if (lane == 0) q[ch * geo.sub] = s;
           }
@@ -256,7 +261,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
           shift = load_param(a.beta, a.wt, c, 0.f);
         }
         float xv[V];
-        lds_vec<T, V>(sx + v * V, xv);
+        lds_vec<T, V>(sx + v * V, xv);  // x, or the prologue's a (written by publish)
 #pragma unroll
         for (int e = 0; e < V; ++e) xv[e] = fmaf(xv[e] - mu, scale, shift);
         store_vec<T, V>(out + t.start + v * V, xv);
@@ -283,14 +288,24 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
       const float inv_count = 1.f / static_cast<float>(D * HxW);
       const float c2 = -r * r * r * accg.x * inv_count, c3 = -r * accg.y * inv_count;
       float scale = r * load_param(a.gamma, a.wt, c0, 1.f);
+      float pb = pre_bias(c0);
 #pragma unroll 4
       for (uint32_t v = tid; v < nvec; v += blockDim.x) {
-        if (t.nch > 1) scale = r * load_param(a.gamma, a.wt, c0 + hwv.div(v), 1.f);
+        if (t.nch > 1) {
+          const int64_t c = c0 + hwv.div(v);
+          scale = r * load_param(a.gamma, a.wt, c, 1.f);
+          pb = pre_bias(c);
+        }
         float xv[V], dv[V];
         lds_vec<T, V>(sx + v * V, xv);
         lds_vec<T, V>(sd + v * V, dv);
 #pragma unroll
-        for (int e = 0; e < V; ++e) xv[e] = fmaf(scale, dv[e], fmaf(c2, xv[e] - mu, c3));
+        for (int e = 0; e < V; ++e) {
+          float xa;
+          const float g = pre_apply_grad<Pre>(xv[e], pb, xa);
+          const float d = fmaf(scale, dv[e], fmaf(c2, xa - mu, c3));
+          xv[e] = Pre == kPreNone ? d : d * g;
+        }
         store_vec<T, V>(out + t.start + v * V, xv);
       }
     }

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""KernelBench L2#19 benchmark: ConvTranspose2d(64->64, k3, s1) + GELU + GroupNorm(8) on 128x64x256x256
+float32, forward and forward+backward (training), in one process:
+
+  eager     the reference Model (cuDNN conv with bias, GELU, F.group_norm)
+  compile   torch.compile(Model)
+  gnext     ModelNew: torch.ops.gnext.conv_transpose2d_gelu_group_norm (conv in ATen/cuDNN without
+            bias, then bias + GELU + GroupNorm in gnext's kernels; backward: fused GN+GELU backward,
+            then the conv's gradients through ATen)
+  conv      the conv alone (no bias), for reference: the part gnext does not own yet
+
+each for NCHW input and for channels_last input (x and the weights in channels_last). TF32 follows
+PyTorch's default for cuDNN convs (allow_tf32=True) unless --no-tf32. The floor column is the bytes
+the GN part must move at the measured copy bandwidth (read z + write y; f+b adds read z, dy + write dz).
+Writes <out>/bench_l2_19.{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import sys
+
+import torch
+import torch.nn.functional as F
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "kernelbench"))
+from bench import Timer, copy_bandwidth  # noqa: E402
+import level2_19_convtranspose_gelu_groupnorm as kb  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(ROOT / "bench_results"))
+    p.add_argument("--batch", type=int, default=kb.batch_size)
+    p.add_argument("--no-tf32", action="store_true")
+    p.add_argument("--no-compile", action="store_true")
+    args = p.parse_args()
+    torch.backends.cudnn.allow_tf32 = not args.no_tf32
+    dev = "cuda"
+    timer = Timer(dev)
+    bw = copy_bandwidth(dev, timer)
+    torch.manual_seed(0)
+    model = kb.Model(*kb.get_init_inputs()).to(dev)
+    new = kb.ModelNew(*kb.get_init_inputs()).to(dev)
+    new.load_state_dict(model.state_dict())
+    x0 = torch.rand(args.batch, kb.in_channels, kb.height, kb.width, device=dev)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "copy_bandwidth_GBps": bw, "tf32": torch.backends.cudnn.allow_tf32,
+            "shape": [args.batch, kb.in_channels, kb.height, kb.width],
+            "timing": "median of CUDA-event-timed calls, L2 flushed before each"}
+    print(f"# {meta['device']}, torch {meta['torch']}, copy bandwidth {bw:.0f} GB/s, tf32={meta['tf32']}", flush=True)
+    rows = []
+    for layout in ("nchw", "channels_last"):
+        fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        x = x0.contiguous(memory_format=fmt)
+        for m in (model, new):
+            m.to(memory_format=fmt)
+        impls = {"eager": model, "gnext": new}
+        if not args.no_compile:
+            torch._dynamo.reset()
+            impls["compile"] = torch.compile(model)
+        c = model.conv_transpose
+        impls["conv (no bias)"] = lambda t: F.conv_transpose2d(t, c.weight, None, c.stride, c.padding)
+        with torch.no_grad():
+            zbytes = impls["gnext"](x).numel() * 4
+        row = {"layout": layout, "floor_gn_fwd_ms": 2 * zbytes / bw / 1e6, "floor_gn_fb_ms": 5 * zbytes / bw / 1e6}
+        for name, fn in impls.items():
+            with torch.no_grad():
+                t_f = timer(lambda: fn(x), min_reps=5, budget_s=0.5)
+            xg = x.detach().requires_grad_()
+            dy = torch.randn_like(fn(x).detach())
+
+            def fb():
+                y = fn(xg)
+                params = [q for q in (model.parameters() if name != "gnext" else new.parameters())]
+                torch.autograd.grad(y, [xg] + params, dy)
+
+            t_fb = timer(fb, min_reps=5, budget_s=0.5) if name != "conv (no bias)" else float("nan")
+            row[name] = {"fwd_ms": t_f, "fwdbwd_ms": t_fb}
+            print(f"  {layout:13s} {name:15s} fwd {t_f:8.3f} ms  f+b {t_fb:8.3f} ms", flush=True)
+            del xg, dy
+            torch.cuda.empty_cache()
+        rows.append(row)
+    lines = [f"Device: {meta['device']} · torch {meta['torch']} (CUDA {meta['cuda']}) · {meta['date']} · "
+             f"copy bandwidth {bw:.0f} GB/s · TF32 {'on' if meta['tf32'] else 'off'} (cuDNN conv) · "
+             f"input {'x'.join(map(str, meta['shape']))} fp32 · {meta['timing']}", "",
+             "| input layout | eager fwd | compile fwd | gnext fwd | conv alone | gnext fwd x eager | x compile "
+             "| eager f+b | compile f+b | gnext f+b | f+b x eager | x compile | GN floor fwd / f+b |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        e, g, cv = r["eager"], r["gnext"], r["conv (no bias)"]
+        cm = r.get("compile", {"fwd_ms": float("nan"), "fwdbwd_ms": float("nan")})
+        lines.append(
+            f"| {r['layout']} | {e['fwd_ms']:.2f} | {cm['fwd_ms']:.2f} | {g['fwd_ms']:.2f} | {cv['fwd_ms']:.2f} | "
+            f"{e['fwd_ms'] / g['fwd_ms']:.2f} | {cm['fwd_ms'] / g['fwd_ms']:.2f} | {e['fwdbwd_ms']:.2f} | "
+            f"{cm['fwdbwd_ms']:.2f} | {g['fwdbwd_ms']:.2f} | {e['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | "
+            f"{cm['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | {r['floor_gn_fwd_ms']:.2f} / {r['floor_gn_fb_ms']:.2f} |")
+    md = "\n".join(lines) + "\n"
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_l2_19.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / "bench_l2_19.md").write_text(md)
+    print()
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Fused ConvTranspose2d + GELU + GroupNorm (torch.ops.gnext.conv_transpose2d_gelu_group_norm):
+forward and every gradient vs a float64 reference of the unfused PyTorch model, on fresh random
+inputs with non-zero mean; opcheck; torch.compile; the module, its checkpoint mapping and the
+converter; error messages."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import groupnorm_ext as ge
+from conftest import DEVICES, poison, rand_input, rel_err
+
+CL = torch.channels_last
+# (N, C_in, C_out, H, W, k, stride, padding, output_padding, dilation, conv groups, G, approximate,
+#  conv bias, GN affine)
+CASES = [
+    (2, 8, 16, 9, 7, 3, 1, 0, 0, 1, 1, 4, "none", True, True),
+    (1, 6, 12, 5, 6, 4, 2, 1, 1, 1, 2, 3, "tanh", True, True),   # conv groups, output_padding, G=3
+    (3, 4, 8, 6, 5, 3, 2, 1, 0, 2, 1, 8, "none", False, False),  # dilation, G = C, no biases
+    (2, 8, 8, 1, 1, 1, 1, 0, 0, 1, 1, 1, "tanh", True, True),    # 1x1 output (HxW = 1), G = 1
+    (2, 16, 32, 13, 11, 3, 1, 0, 0, 1, 1, 8, "none", True, True),  # odd sizes, 15x13 output
+]
+# ||out - ref|| / ||ref|| bounds: (forward, gradients)
+TOL = {torch.float32: (2e-5, 1e-4), torch.float16: (4e-3, 2e-2), torch.bfloat16: (3e-2, 6e-2)}
+
+
+def _params(case, dtype, device, gen):
+    N, cin, cout, H, W, k, s, p, op, d, groups, G, approx, has_cb, affine = case
+    w = (torch.randn(cin, cout // groups, k, k, generator=gen) * (1.0 / (cin * k * k)) ** 0.5).to(device, dtype)
+    cb = (torch.randn(cout, generator=gen) * 0.5 + 0.3).to(device, dtype) if has_cb else None
+    gw = (torch.randn(cout, generator=gen) * 0.5 + 1).to(device, dtype) if affine else None
+    gb = (torch.randn(cout, generator=gen) * 0.5).to(device, dtype) if affine else None
+    return w, cb, gw, gb
+
+
+def _reference(case, x, w, cb, gw, gb, dy):
+    N, cin, cout, H, W, k, s, p, op, d, groups, G, approx, has_cb, affine = case
+    leaves = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, w, cb, gw, gb)]
+    xd, wd, cbd, gwd, gbd = leaves
+    z = F.conv_transpose2d(xd, wd, cbd, s, p, op, groups, d)
+    y = F.group_norm(F.gelu(z, approximate=approx), G, gwd, gbd, 1e-5)
+    present = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(y, present, dy.cpu().double()))
+    return y.detach(), [next(grads) if t is not None else None for t in leaves]
+
+
+def _run(case, dtype, device, fmt, seed):
+    N, cin, cout, H, W, k, s, p, op, d, groups, G, approx, has_cb, affine = case
+    gen = torch.Generator().manual_seed(seed)
+    x = rand_input((N, cin, H, W), dtype, device, scale=1.0, offset=0.5, memory_format=fmt, gen=gen)
+    w, cb, gw, gb = _params(case, dtype, device, gen)
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w, cb, gw, gb)]
+    poison(device, 4 * N * cout * (H * s + k * d) * (W * s + k * d))
+    y = ge.conv_transpose2d_gelu_group_norm(leaves[0], leaves[1], leaves[2], G, leaves[3], leaves[4], s, p, op, d,
+                                            groups, 1e-5, approx)
+    dy = torch.randn(y.shape, generator=gen).to(device, dtype)
+    present = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(y, present, dy))
+    return x, w, cb, gw, gb, dy, y, [next(grads) if t is not None else None for t in leaves]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("fmt", [None, CL], ids=["nchw", "cl"])
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_matches_float64_reference(device, dtype, fmt, case):
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("float16 conv_transpose2d on the CPU is not what users run")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        x, w, cb, gw, gb, dy, y, grads = _run(case, dtype, device, fmt, seed=hash(case) % 1000)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+    ref, ref_grads = _reference(case, x, w, cb, gw, gb, dy)
+    ftol, btol = TOL[dtype]
+    assert y.shape == ref.shape and y.dtype == dtype
+    assert torch.isfinite(y).all()
+    assert rel_err(y.cpu(), ref) <= ftol, rel_err(y.cpu(), ref)
+    for name, g, r in zip(("input", "weight", "conv_bias", "gn_weight", "gn_bias"), grads, ref_grads):
+        assert (g is None) == (r is None), name
+        if g is not None:
+            assert g.shape == r.shape and torch.isfinite(g).all(), name
+            err = rel_err(g.cpu(), r)
+            assert err <= btol, f"grad {name}: relative error {err:.2e} > {btol:.0e}"
+
+
+@pytest.mark.gpu
+def test_tf32_follows_cudnn_flag():
+    """TF32 on (PyTorch's default for cuDNN convs): ~1e-3 relative of the float64 reference."""
+    case = CASES[4]
+    x, w, cb, gw, gb, dy, y, grads = _run(case, torch.float32, "cuda", None, seed=3)
+    ref, ref_grads = _reference(case, x, w, cb, gw, gb, dy)
+    assert rel_err(y.cpu(), ref) <= 5e-3
+    for g, r in zip(grads, ref_grads):
+        assert rel_err(g.cpu(), r) <= 1e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    gen = torch.Generator().manual_seed(5)
+    for case, fmt in ((CASES[0], None), (CASES[1], CL), (CASES[2], None)):
+        N, cin, cout, H, W, k, s, p, op, d, groups, G, approx, has_cb, affine = case
+        x = rand_input((N, cin, H, W), torch.float32, device, scale=1.0, offset=0.5, memory_format=fmt, gen=gen)
+        w, cb, gw, gb = _params(case, torch.float32, device, gen)
+        args = (x, w, cb, [s, s], [p, p], [op, op], [d, d], groups, G, gw, gb, 1e-5, approx)
+        op_f = torch.ops.gnext.conv_transpose2d_gelu_group_norm.default
+        torch.library.opcheck(op_f, args)
+        torch.library.opcheck(op_f, (x.requires_grad_(), w.requires_grad_()) + args[2:])
+        _, z, mean, rstd = op_f(*args)
+        dy = torch.randn(z.shape, generator=gen).to(device)
+        for mask in ([True, True, True, True, True], [True, False, False, False, False],
+                     [False, False, True, True, True]):
+            torch.library.opcheck(torch.ops.gnext.conv_transpose2d_gelu_group_norm_backward.default,
+                                  (dy, x.detach(), w.detach(), cb, z, mean, rstd, gw) + args[3:9] + (approx, mask))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_module(device):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = ge.ConvTranspose2dGELUGroupNorm(8, 16, 3, num_groups=4, stride=2, padding=1, output_padding=1).to(device)
+    x = rand_input((2, 8, 7, 6), torch.float32, device, scale=1.0, offset=0.5).requires_grad_()
+    compiled = torch.compile(m, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
+    y_c = compiled(x)
+    g_c = torch.autograd.grad((y_c * y_c).sum(), [x] + list(m.parameters()))
+    y_e = m(x)
+    g_e = torch.autograd.grad((y_e * y_e).sum(), [x] + list(m.parameters()))
+    torch.testing.assert_close(y_c, y_e)
+    for a, b in zip(g_c, g_e):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_module_checkpoint_mapping_and_converter():
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.ConvTranspose2d(4, 8, 3, stride=2), nn.GELU(approximate="tanh"), nn.GroupNorm(2, 8), nn.ReLU())
+    with torch.no_grad():
+        seq[2].weight.normal_()
+        seq[2].bias.normal_()
+    x = rand_input((2, 4, 5, 5), torch.float32, "cpu", scale=1.0, offset=0.5)
+    ref = seq(x)
+    fused = ge.ConvTranspose2dGELUGroupNorm(4, 8, 3, num_groups=2, stride=2, approximate="tanh")
+    assert set(fused.state_dict()) == {"conv.weight", "conv.bias", "norm.weight", "norm.bias"}
+    mapping = {"0.": "conv.", "2.": "norm."}
+    fused.load_state_dict({mapping[k[:2]] + k[2:]: v for k, v in seq.state_dict().items()})
+    torch.testing.assert_close(torch.relu(fused(x)), ref, rtol=1e-5, atol=1e-5)
+    converted = ge.convert_conv_transpose_gelu_group_norm(seq)
+    assert isinstance(converted[0], ge.ConvTranspose2dGELUGroupNorm)
+    assert isinstance(converted[1], nn.Identity) and isinstance(converted[2], nn.Identity)
+    assert converted[0].conv.weight is seq[0].conv.weight  # shared, not copied
+    torch.testing.assert_close(converted(x), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_messages(device):
+    x = torch.randn(2, 4, 5, 5, device=device)
+    w = torch.randn(4, 8, 3, 3, device=device)
+    f = ge.conv_transpose2d_gelu_group_norm
+    with pytest.raises(RuntimeError, match="approximate must be 'none' or 'tanh'"):
+        f(x, w, None, 2, approximate="erf")
+    with pytest.raises(RuntimeError, match=r"conv_bias must have shape \(C_out,\) = \(8\)"):
+        f(x, w, torch.randn(7, device=device), 2)
+    with pytest.raises(RuntimeError, match="must be divisible by num_groups=3"):
+        f(x, w, None, 3)
+    with pytest.raises(RuntimeError, match="input must be \\(N, C_in, H, W\\)"):
+        f(x[0], w, None, 2)
+    with pytest.raises(RuntimeError, match="weight dtype"):
+        f(x, w.double(), None, 2)
+    with pytest.raises(RuntimeError, match="input dtype must be float32, float16 or bfloat16"):
+        f(x.double(), w.double(), None, 2)
