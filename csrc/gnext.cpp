@@ -14,6 +14,15 @@ TORCH_LIBRARY(gnext, m) {
   m.def(
       "group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " int num_groups, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
+  // out = act(GroupNorm(input)) + residual, act one of identity, silu, gelu, gelu_tanh, relu, tanh,
+  // hardswish, tanh_hardswish (hardswish(tanh(.))); residual of input's shape or None.
+  m.def(
+      "group_norm_act(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation,"
+      " Tensor? residual) -> (Tensor out, Tensor mean, Tensor rstd)");
+  // Its backward (the residual's gradient is grad_out itself). output_mask: (input, weight, bias).
+  m.def(
+      "group_norm_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
+      " Tensor? bias, int num_groups, str activation, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
   // out = GroupNorm(GELU(conv_transpose2d(input, weight) + conv_bias)). z is the conv output
   // without bias, saved with mean/rstd ((N, num_groups) float32) for the backward.
   m.def(

@@ -93,3 +93,15 @@ def _conv_transpose2d_gelu_group_norm_backward_fake(grad_out, input, weight, con
         z.new_empty((c_out,), dtype=pdtype) if output_mask[3] else None,
         z.new_empty((c_out,), dtype=pdtype) if output_mask[4] else None,
     )
+
+
+@torch.library.register_fake("gnext::group_norm_act")
+def _group_norm_act_fake(input, num_groups, weight, bias, eps, activation, residual):
+    torch._check(residual is None or residual.shape == input.shape,
+                 lambda: f"gnext.group_norm_act: residual.shape={tuple(residual.shape)} must equal input.shape")
+    return _group_norm_fake(input, num_groups, weight, bias, eps)
+
+
+@torch.library.register_fake("gnext::group_norm_act_backward")
+def _group_norm_act_backward_fake(grad_out, input, mean, rstd, weight, bias, num_groups, activation, output_mask):
+    return _group_norm_backward_fake(grad_out, input, mean, rstd, weight, num_groups, output_mask)

@@ -99,3 +99,38 @@ def conv_transpose2d_gelu_group_norm(
     return ops.conv_transpose2d_gelu_group_norm(
         input, weight, conv_bias, pair(stride), pair(padding), pair(output_padding), pair(dilation), groups,
         num_groups, gn_weight, gn_bias, eps, approximate)[0]
+
+
+ACTIVATIONS = ("identity", "silu", "gelu", "gelu_tanh", "relu", "tanh", "hardswish", "tanh_hardswish")
+
+
+def group_norm_act(
+    input: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    activation: str = "silu",
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    r"""``act(group_norm(input)) + residual`` in one op: GroupNorm (Wu & He 2018, as
+    :func:`group_norm`) with the activation and the residual add as an epilogue of the same kernels,
+    so the normalized tensor is never written to memory.
+
+    Args:
+        input, num_groups, weight, bias, eps: as :func:`group_norm`.
+        activation: one of ``identity``, ``silu``, ``gelu`` (erf), ``gelu_tanh``, ``relu``, ``tanh``,
+            ``hardswish``, ``tanh_hardswish`` (``hardswish(tanh(.))``, KernelBench L2#92), with
+            PyTorch's formulas.
+        residual: optional tensor of ``input``'s shape, dtype and device, added after the activation.
+
+    Returns:
+        Tensor of ``input``'s shape, dtype and memory format.
+
+    Raises:
+        RuntimeError: as :func:`group_norm`; unknown activation; residual of another shape, dtype or
+        device.
+
+    Differentiable in input, weight, bias and residual; traceable by ``torch.compile(fullgraph=True)``.
+    """
+    return ops.group_norm_act(input, num_groups, weight, bias, eps, activation, residual)[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .functional import conv_transpose2d_gelu_group_norm, group_norm
+from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act
 
 
 class GroupNorm(nn.GroupNorm):
@@ -102,3 +102,72 @@ def convert_conv_transpose_gelu_group_norm(module: nn.Module) -> nn.Module:
                 module[i + 1], module[i + 2] = nn.Identity(), nn.Identity()
                 mods = list(module)
     return module
+
+
+class GroupNormAct(nn.GroupNorm):
+    r"""``act(GroupNorm(x)) [+ residual]`` (:func:`groupnorm_ext.functional.group_norm_act`).
+
+    Same constructor as ``nn.GroupNorm`` plus ``activation`` (default ``"silu"``); same parameters and
+    ``state_dict`` keys (``weight``, ``bias``), so an ``nn.GroupNorm`` checkpoint loads.
+    ``forward(x, residual=None)``.
+    """
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, activation="silu", device=None, dtype=None):
+        super().__init__(num_groups, num_channels, eps, affine, device=device, dtype=dtype)
+        self.activation = activation
+
+    def forward(self, input: torch.Tensor, residual: torch.Tensor = None) -> torch.Tensor:
+        return group_norm_act(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, residual)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", activation={self.activation!r}"
+
+
+def _activation_name(m: nn.Module):
+    """group_norm_act's name for an activation module, or None."""
+    if type(m) is nn.SiLU:
+        return "silu"
+    if type(m) is nn.GELU:
+        return "gelu" if m.approximate == "none" else "gelu_tanh"
+    if type(m) is nn.ReLU:
+        return "relu"
+    if type(m) is nn.Tanh:
+        return "tanh"
+    if type(m) is nn.Hardswish:
+        return "hardswish"
+    return None
+
+
+def convert_group_norm_act(module: nn.Module) -> nn.Module:
+    """Fuses ``nn.GroupNorm`` followed by an activation module (SiLU, GELU, ReLU, Tanh, Hardswish) as
+    consecutive children of an ``nn.Sequential`` (recursively) into :class:`GroupNormAct`, sharing
+    the parameters; the activation's slot becomes ``nn.Identity``. Remaining ``nn.GroupNorm``s become
+    :class:`GroupNorm` (:func:`convert_group_norm`). Returns ``module``.
+
+    Detected: patterns in ``nn.Sequential`` containers (timm's ``GroupNormAct`` layers are also
+    replaced: any module of class name ``GroupNormAct`` with ``act`` one of the modules above).
+    Not detected: a GroupNorm and an activation called in sequence from a ``forward`` method (e.g.
+    diffusers' ``ResnetBlock2D``: ``norm1`` then ``nonlinearity``), since that is code, not module
+    structure; those GroupNorms still get gnext's kernels through :func:`convert_group_norm`.
+    """
+    for name, child in module.named_children():
+        if type(child).__name__ == "GroupNormAct" and isinstance(child, nn.GroupNorm) \
+                and not isinstance(child, GroupNormAct) and _activation_name(getattr(child, "act", None)):
+            new = GroupNormAct(child.num_groups, child.num_channels, child.eps, child.affine,
+                               _activation_name(child.act), device="meta")
+            if child.affine:
+                new.weight, new.bias = child.weight, child.bias
+            setattr(module, name, new)
+        else:
+            convert_group_norm_act(child)
+    if isinstance(module, nn.Sequential):
+        for i in range(len(module) - 1):
+            a, b = module[i], module[i + 1]
+            act = _activation_name(b)
+            if type(a) is nn.GroupNorm and act is not None:
+                new = GroupNormAct(a.num_groups, a.num_channels, a.eps, a.affine, act, device="meta")
+                if a.affine:
+                    new.weight, new.bias = a.weight, a.bias
+                new.train(a.training)
+                module[i], module[i + 1] = new, nn.Identity()
+    return convert_group_norm(module)

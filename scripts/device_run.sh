@@ -4,7 +4,7 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb fused sweep fb ncu" BUDGET_S=580 bash scripts/device_run.sh
+#   STEPS="build smoke bench test kb fused act sweep fb ncu" BUDGET_S=580 bash scripts/device_run.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
@@ -58,6 +58,11 @@ if has fused; then
   echo "bench L2#19 rc=$? ($((SECONDS - t0)) s)"; tail -8 "$OUT/bench_l2_19.log"
   timeout 120 python3 scripts/kernelbench/level2_19_convtranspose_gelu_groupnorm.py > "$OUT/kernelbench_l2_19.log" 2>&1
   echo "kernelbench L2#19 rc=$?: $(tail -1 "$OUT/kernelbench_l2_19.log")"
+fi
+if has act; then
+  t0=$SECONDS
+  timeout $(( $(left) - 20 )) python3 scripts/bench_group_norm_act.py --out "$OUT" > "$OUT/bench_group_norm_act.log" 2>&1
+  echo "bench group_norm_act rc=$? ($((SECONDS - t0)) s)"; sed -n '/^Device:/,$p' "$OUT/bench_group_norm_act.log"
 fi
 if has fb; then
   timeout $(( $(left) )) python3 scripts/fb_overhead.py > "$OUT/fb_overhead.log" 2>&1

@@ -44,3 +44,15 @@ def test_level2_19(device):
         kb.check(device, n_inputs=5, tol=1e-4)
     finally:
         torch.backends.cudnn.allow_tf32 = True
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_level2_92(device):
+    """ModelNew vs Model, output and all gradients, 5 random inputs (TF32 off)."""
+    kb = _load("level2_92_conv_groupnorm_tanh_hardswish_residual_logsumexp")
+    kb.batch_size, kb.height, kb.width = 2, 13, 10
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        kb.check(device, n_inputs=5, tol=1e-4)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True

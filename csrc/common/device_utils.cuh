@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "prologue.h"
+#include "pointwise.h"
 
 namespace gnext {
 
@@ -210,7 +210,7 @@ struct FastDivmod {
 // Input prologues of the GroupNorm kernels: a = act(z + bias[c]) is what gets normalized (the
 // fused ConvTranspose2d + GELU + GroupNorm op feeds the conv output z). The formulas and constants
 // are PyTorch's F.gelu (approximate='none': x * Phi(x); 'tanh': the tanh approximation).
-// pre_apply returns a; pre_apply_grad also returns da/dz. Kinds: prologue.h.
+// pre_apply returns a; pre_apply_grad also returns da/dz. Kinds: pointwise.h.
 
 template <int P>
 __device__ __forceinline__ float pre_apply(float z, float b) {
@@ -242,6 +242,58 @@ __device__ __forceinline__ float pre_apply_grad(float z, float b, float& a) {
     const float t = tanhf(kBeta * (u + kKappa * u * u * u));
     a = 0.5f * u * (1.f + t);
     return 0.5f * (1.f + t) + 0.5f * u * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * u * u);
+  }
+}
+
+
+// Output activations of group_norm_act (PyTorch's formulas; derivatives as in its backward kernels).
+template <int A>
+__device__ __forceinline__ float act_apply(float n) {
+  if constexpr (A == kActIdentity) {
+    return n;
+  } else if constexpr (A == kActSilu) {
+    return n / (1.f + __expf(-n));
+  } else if constexpr (A == kActGelu) {
+    return 0.5f * n * (1.f + erff(n * 0.70710678118654752f));
+  } else if constexpr (A == kActGeluTanh) {
+    return 0.5f * n * (1.f + tanhf(0.79788456080286536f * (n + 0.044715f * n * n * n)));
+  } else if constexpr (A == kActRelu) {
+    return n > 0.f ? n : (n == n ? 0.f : n);  // NaN propagates, as torch.relu
+  } else if constexpr (A == kActTanh) {
+    return tanhf(n);
+  } else if constexpr (A == kActHardswish) {
+    return n * fminf(fmaxf(n + 3.f, 0.f), 6.f) * (1.f / 6.f);
+  } else {
+    const float t = tanhf(n);
+    return t * fminf(fmaxf(t + 3.f, 0.f), 6.f) * (1.f / 6.f);
+  }
+}
+
+template <int A>
+__device__ __forceinline__ float act_grad(float n) {
+  if constexpr (A == kActIdentity) {
+    return 1.f;
+  } else if constexpr (A == kActSilu) {
+    const float s = 1.f / (1.f + __expf(-n));
+    return s * (1.f + n * (1.f - s));
+  } else if constexpr (A == kActGelu) {
+    const float cdf = 0.5f * (1.f + erff(n * 0.70710678118654752f));
+    return cdf + n * 0.39894228040143268f * __expf(-0.5f * n * n);
+  } else if constexpr (A == kActGeluTanh) {
+    const float kBeta = 0.79788456080286536f, kKappa = 0.044715f;
+    const float t = tanhf(kBeta * (n + kKappa * n * n * n));
+    return 0.5f * (1.f + t) + 0.5f * n * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * n * n);
+  } else if constexpr (A == kActRelu) {
+    return n > 0.f ? 1.f : 0.f;
+  } else if constexpr (A == kActTanh) {
+    const float t = tanhf(n);
+    return 1.f - t * t;
+  } else if constexpr (A == kActHardswish) {
+    return n < -3.f ? 0.f : (n <= 3.f ? n * (1.f / 3.f) + 0.5f : 1.f);
+  } else {
+    const float t = tanhf(n);
+    const float h = t < -3.f ? 0.f : (t <= 3.f ? t * (1.f / 3.f) + 0.5f : 1.f);
+    return h * (1.f - t * t);
   }
 }
 

@@ -56,15 +56,15 @@ void check_conv_args(const char* op, const Tensor& input, const Tensor& weight, 
   }
 }
 
-Prologue make_prologue(const char* op, const OptTensor& conv_bias, c10::string_view approximate) {
-  Prologue pro;
+Pointwise make_prologue(const char* op, const OptTensor& conv_bias, c10::string_view approximate) {
+  Pointwise pro;
   pro.kind = prologue_kind(op, approximate);
   if (defined(conv_bias)) pro.bias = conv_bias->contiguous();
   return pro;
 }
 
 // CPU: a = gelu(z + bias) materialized, then gnext's CPU GroupNorm (float32 accumulation).
-Tensor bias_gelu(const Tensor& z, const Prologue& pro, Tensor* u_out = nullptr) {
+Tensor bias_gelu(const Tensor& z, const Pointwise& pro, Tensor* u_out = nullptr) {
   Tensor u = defined(pro.bias) ? z + pro.bias->view({1, -1, 1, 1}) : z;
   if (u_out != nullptr) *u_out = u;
   return at::gelu(u, pro.kind == kPreBiasGeluTanh ? "tanh" : "none");
@@ -72,15 +72,15 @@ Tensor bias_gelu(const Tensor& z, const Prologue& pro, Tensor* u_out = nullptr) 
 
 std::tuple<Tensor, Tensor, Tensor> pre_group_norm_cpu(const char* op, const Tensor& z, int64_t num_groups,
                                                       const OptTensor& weight, const OptTensor& bias, double eps,
-                                                      const Prologue& pro) {
-  check_prologue(op, z, pro);
+                                                      const Pointwise& pro) {
+  check_pointwise(op, z, pro);
   return group_norm_cpu(bias_gelu(z, pro), num_groups, weight, bias, eps);
 }
 
 std::tuple<OptTensor, OptTensor, OptTensor> pre_group_norm_backward_cpu(
     const char* op, const Tensor& grad_out, const Tensor& z, const Tensor& mean, const Tensor& rstd,
-    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Prologue& pro) {
-  check_prologue(op, z, pro);
+    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro) {
+  check_pointwise(op, z, pro);
   Tensor u;
   const Tensor a = bias_gelu(z, pro, &u);
   auto [da, dw, db] = group_norm_backward_cpu(grad_out, a, mean, rstd, weight, num_groups, output_mask);
@@ -96,7 +96,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> conv_transpose2d_gelu_group_norm_impl
     IntArrayRef output_padding, IntArrayRef dilation, int64_t groups, int64_t num_groups, const OptTensor& gn_weight,
     const OptTensor& gn_bias, double eps, c10::string_view approximate, PreGroupNormFwd gn) {
   check_conv_args(kOp, input, weight, conv_bias, stride, padding, output_padding, dilation, groups);
-  const Prologue pro = make_prologue(kOp, conv_bias, approximate);
+  const Pointwise pro = make_prologue(kOp, conv_bias, approximate);
   // The conv through ATen (cuDNN picks its algorithm; TF32 per torch.backends.cudnn.allow_tf32), in
   // compute_format(input); z is made dense in it so the fake kernel (groupnorm_ext/_ops.py) knows its strides.
   const auto fmt = compute_format(input);
@@ -113,7 +113,7 @@ std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor> conv_transpose
     IntArrayRef output_padding, IntArrayRef dilation, int64_t groups, int64_t num_groups,
     c10::string_view approximate, std::array<bool, 5> output_mask, PreGroupNormBwd gnb) {
   check_conv_args(kBwdOp, input, weight, conv_bias, stride, padding, output_padding, dilation, groups);
-  const Prologue pro = make_prologue(kBwdOp, conv_bias, approximate);
+  const Pointwise pro = make_prologue(kBwdOp, conv_bias, approximate);
   const bool need_dz = output_mask[0] || output_mask[1] || (output_mask[2] && defined(conv_bias));
   auto [dz, dgw, dgb] = gnb(kBwdOp, grad_out, z, mean, rstd, gn_weight, num_groups,
                             {need_dz, output_mask[3], output_mask[4]}, pro);
@@ -154,8 +154,8 @@ std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor> fused_backward
 }
 
 // ---------------------------------------------------------------------------------------------
-// Autograd (C++, as for group_norm): gradient edges are the Tensor arguments in order
-// 0 input, 1 weight, 2 conv_bias, 3 gn_weight, 4 gn_bias.
+// Autograd (C++, as for group_norm): gradient edges are the Tensor arguments that are not None, in
+// order: input, weight, conv_bias, gn_weight, gn_bias (grad_slots).
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, IntArrayRef,
@@ -212,10 +212,10 @@ class FusedFunction : public torch::autograd::Function<FusedFunction> {
     const auto sv = ctx->get_saved_variables();
     const Tensor &input = sv[0], &weight = sv[1], &conv_bias = sv[2], &z = sv[3], &mean = sv[4], &rstd = sv[5],
                  &gn_weight = sv[6];
-    const std::array<bool, 5> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
-                                      conv_bias.defined() && ctx->needs_input_grad(2),
-                                      gn_weight.defined() && ctx->needs_input_grad(3),
-                                      ctx->saved_data["has_gn_bias"].toBool() && ctx->needs_input_grad(4)};
+    const auto slot = grad_slots<5>(
+        {true, true, conv_bias.defined(), gn_weight.defined(), ctx->saved_data["has_gn_bias"].toBool()});
+    auto needs = [&](int i) { return slot[i] >= 0 && ctx->needs_input_grad(slot[i]); };
+    const std::array<bool, 5> mask = {needs(0), needs(1), needs(2), needs(3), needs(4)};
     variable_list res(13);
     if (!grads[0].defined() || !(mask[0] || mask[1] || mask[2] || mask[3] || mask[4])) return res;
     const auto iv = [&](const char* k) { return ctx->saved_data[k].toIntVector(); };

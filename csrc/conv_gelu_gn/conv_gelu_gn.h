@@ -22,10 +22,10 @@ using IntArrayRef = at::IntArrayRef;
 // GroupNorm with the bias+GELU prologue, per device: CUDA kernels or the CPU composite.
 using PreGroupNormFwd = std::tuple<Tensor, Tensor, Tensor> (*)(const char* op, const Tensor& z, int64_t num_groups,
                                                                const OptTensor& weight, const OptTensor& bias,
-                                                               double eps, const Prologue& pro);
+                                                               double eps, const Pointwise& pro);
 using PreGroupNormBwd = std::tuple<OptTensor, OptTensor, OptTensor> (*)(
     const char* op, const Tensor& grad_out, const Tensor& z, const Tensor& mean, const Tensor& rstd,
-    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Prologue& pro);
+    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro);
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> conv_transpose2d_gelu_group_norm_impl(
     const Tensor& input, const Tensor& weight, const OptTensor& conv_bias, IntArrayRef stride, IntArrayRef padding,

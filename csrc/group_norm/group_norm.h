@@ -7,7 +7,7 @@
 #include <limits>
 #include <tuple>
 
-#include "../common/prologue.h"
+#include "../common/pointwise.h"
 
 namespace gnext {
 
@@ -122,16 +122,33 @@ inline std::tuple<OptTensor, OptTensor, OptTensor> alloc_backward_outputs(const 
   return {dx, param(output_mask[1]), param(output_mask[2])};
 }
 
-// Optional input prologue of the GroupNorm kernels: normalize a = act(x + bias[c]) instead of x
-// (kind: PreKind; bias (C,) or none). With a prologue the backward's
-// grad_input is d/dx = dL/da * act'(x + bias). Used by the fused ConvTranspose2d+GELU+GroupNorm op.
-struct Prologue {
-  int kind = 0;
+// Pointwise extensions of the GroupNorm kernels (common/pointwise.h), at most one of:
+//  * input prologue (kind != kPreNone): normalize a = act(x + bias[c]) instead of x; the backward's
+//    grad_input is then d/dx = dL/da * act'(x + bias). Used by the fused ConvTranspose2d+GELU+GroupNorm op.
+//  * output epilogue (act != kActIdentity, or a residual): out = act(GroupNorm(x)) + residual; the
+//    backward takes dL/dout and returns the gradients of x, gamma, beta (the residual's is dL/dout).
+struct Pointwise {
+  int kind = kPreNone;
   OptTensor bias;
+  int act = kActIdentity;
+  OptTensor residual;  // forward only
+  OptTensor gn_bias;   // backward with an activation: GroupNorm's beta, to recompute act's input
 };
 
-inline void check_prologue(const char* op, const Tensor& input, const Prologue& pro) {
+inline void check_pointwise(const char* op, const Tensor& input, const Pointwise& pro) {
   TORCH_CHECK(pro.kind >= kPreNone && pro.kind <= kPreBiasGeluTanh, op, ": unknown prologue kind ", pro.kind);
+  TORCH_CHECK(pro.act >= kActIdentity && pro.act < kActCount, op, ": unknown activation kind ", pro.act);
+  TORCH_CHECK(pro.kind == kPreNone || (pro.act == kActIdentity && !defined(pro.residual)), op,
+              ": a prologue and an epilogue cannot be combined");
+  if (defined(pro.residual)) {
+    const Tensor& r = *pro.residual;
+    TORCH_CHECK(r.sizes() == input.sizes(), op, ": residual.shape=", r.sizes(), " must equal input.shape=",
+                input.sizes());
+    TORCH_CHECK(r.scalar_type() == input.scalar_type(), op, ": residual dtype (", r.scalar_type(),
+                ") must equal input dtype (", input.scalar_type(), ")");
+    TORCH_CHECK(r.device() == input.device(), op, ": residual is on ", r.device(), " but input is on ",
+                input.device());
+  }
   if (!defined(pro.bias)) return;
   const Tensor& b = *pro.bias;
   TORCH_CHECK(b.dim() == 1 && b.size(0) == input.size(1) && b.is_contiguous(), op,
@@ -145,10 +162,20 @@ inline void check_prologue(const char* op, const Tensor& input, const Prologue& 
 // CUDA GroupNorm with a prologue (group_norm_cuda.cpp); `op` names the caller in messages.
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
-                                                       const Prologue& pro);
+                                                       const Pointwise& pro);
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
-    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Prologue& pro);
+    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro);
+
+// needs_input_grad slot of each Tensor argument of a C++ autograd Function: optional Tensors that are
+// None are not inputs of the node, so the slots of the ones after them shift; -1 for an absent one.
+template <size_t K>
+std::array<int, K> grad_slots(const std::array<bool, K>& present) {
+  std::array<int, K> slot{};
+  int n = 0;
+  for (size_t i = 0; i < K; ++i) slot[i] = present[i] ? n++ : -1;
+  return slot;
+}
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_cpu(const Tensor& input, int64_t num_groups, const OptTensor& weight,
                                                   const OptTensor& bias, double eps);

@@ -51,13 +51,14 @@ class GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
     return {out, mean, rstd};
   }
 
-  // Gradient edges: 0 input, 1 weight, 2 bias (the Tensor arguments, in order).
+  // Gradient edges: input, weight, bias (the Tensor arguments that are not None, in order).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const std::array<bool, 3> mask = {ctx->needs_input_grad(0), weight.defined() && ctx->needs_input_grad(1),
-                                      has_bias && ctx->needs_input_grad(2)};
+    const auto slot = grad_slots<3>({true, weight.defined(), has_bias});
+    const std::array<bool, 3> mask = {ctx->needs_input_grad(0), slot[1] >= 0 && ctx->needs_input_grad(slot[1]),
+                                      slot[2] >= 0 && ctx->needs_input_grad(slot[2])};
     if (!grads[0].defined() || !(mask[0] || mask[1] || mask[2])) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
     auto [dx, dw, db] = backward_op().call(grads[0], input, mean, rstd, as_opt(weight),
                                            ctx->saved_data["num_groups"].toInt(), mask);

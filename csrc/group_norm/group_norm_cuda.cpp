@@ -166,9 +166,8 @@ int env_int(const char* name, int dflt) {
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
 std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType t, bool bwd, bool nhwc,
-                                                std::initializer_list<const void*> ptrs, int pre_kind) {
+                                                std::initializer_list<const void*> ptrs) {
   if (env_int("GNEXT_ONEPASS", 1) == 0) return std::nullopt;
-  if (nhwc && pre_kind != kPreNone) return std::nullopt;  // the NHWC one-pass kernel has no prologue
   const int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
   if (V == 1) return std::nullopt;
   const auto* prop = at::cuda::getCurrentDeviceProperties();
@@ -275,20 +274,36 @@ unsigned* counters_ptr(const Tensor& c) { return c.defined() ? static_cast<unsig
 
 Problem to_problem(const GNShape& s) { return {s.N, s.C, s.G, s.D, s.HxW}; }
 
-gn::PreArgs pre_args(const Prologue& pre) {
-  return {pre.kind, ptr_or_null(pre.bias),
-          defined(pre.bias) ? scalar_kind(pre.bias->scalar_type()) : ScalarKind::Float};
+// Kernel arguments of the pointwise extension. residual: in the layout of the kernels' x (or
+// undefined); rstd, gamma, beta: for the epilogue's backward.
+gn::PwArgs pw_args(const Pointwise& pro, const Tensor& residual, const float* rstd, const OptTensor& gamma,
+                   const OptTensor& beta) {
+  gn::PwArgs a{};
+  a.mode = pw_mode(pro.kind, pro.act);
+  a.bias = ptr_or_null(pro.bias);
+  a.bias_t = defined(pro.bias) ? scalar_kind(pro.bias->scalar_type()) : ScalarKind::Float;
+  a.residual = residual.defined() ? residual.data_ptr() : nullptr;
+  a.rstd = rstd;
+  a.gamma = ptr_or_null(gamma);
+  a.beta = ptr_or_null(beta);
+  a.wt = defined(gamma) ? scalar_kind(gamma->scalar_type())
+                        : defined(beta) ? scalar_kind(beta->scalar_type()) : ScalarKind::Float;
+  return a;
+}
+
+// The one-pass kernels take a pointwise extension only in NCHW (the NHWC one has none).
+bool onepass_allows(const Pointwise& pro, bool nhwc) {
+  return !nhwc || (pro.kind == kPreNone && pro.act == kActIdentity && !defined(pro.residual));
 }
 
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
-                                                       const Prologue& pro) {
+                                                       const Pointwise& pro) {
   const GNShape s = check_group_norm_args(op, input, num_groups, weight, bias);
-  check_prologue(op, input, pro);
+  check_pointwise(op, input, pro);
   const Problem p = to_problem(s);
-  const gn::PreArgs pre = pre_args(pro);
   c10::cuda::CUDAGuard guard(input.device());
   const Tensor x_in = dense_input(input);
   Tensor out = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
@@ -305,16 +320,22 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   const Tensor x = nhwc || x_in.is_contiguous() ? x_in : x_in.contiguous();
   Tensor y = x.is_same(x_in) ? out : at::empty_like(x);
   const ScalarKind t = scalar_kind(input.scalar_type());
-  const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr()});
+  const Tensor res = defined(pro.residual) ? pro.residual->contiguous(x.suggest_memory_format()) : Tensor();
+  const void* res_ptr = res.defined() ? res.data_ptr() : nullptr;
+  const gn::PwArgs pw = pw_args(pro, res, nullptr, w, b);
+  const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr(), res_ptr});
   auto stream = at::cuda::getCurrentCUDAStream();
-  if (const auto og = onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr()}, pre.kind)) {
+  const auto og = onepass_allows(pro, nhwc)
+                      ? onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr(), res_ptr})
+                      : std::nullopt;
+  if (og) {
     Tensor partial = at::empty({s.N * s.G * og->T * 3}, mean.options());  // per (tile, group)
     const Tensor counters = onepass_counters(*og, mean, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, at::kFloat);
     a.mean = mean.data_ptr<float>(), a.rstd = rstd.data_ptr<float>(), a.partial = partial.data_ptr<float>();
-    a.counters = counters_ptr(counters), a.eps = static_cast<float>(eps), a.pre = pre;
+    a.counters = counters_ptr(counters), a.eps = static_cast<float>(eps), a.pw = pw;
     C10_CUDA_CHECK(gn::launch_onepass(false, t, p, *og, a, stream));
     if (!y.is_same(out)) out.copy_(y);
     return {out, mean, rstd};
@@ -323,24 +344,24 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   Tensor partial = at::empty({s.N * s.C * rg.K * 3}, mean.options());
   Tensor coef = at::empty({s.N, s.C, 4}, mean.options());
   C10_CUDA_CHECK(
-      gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial.data_ptr<float>(), pre, stream));
+      gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial.data_ptr<float>(), pw, stream));
   C10_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, at::kFloat), p, partial_layout(p, rg),
                                              partial.data_ptr<float>(), ptr_or_null(w), ptr_or_null(b),
                                              mean.data_ptr<float>(), rstd.data_ptr<float>(), coef.data_ptr<float>(),
                                              static_cast<float>(eps), stream));
   C10_CUDA_CHECK(gn::launch_affine(false, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), nullptr, y.data_ptr(),
-                                   coef.data_ptr<float>(), pre, stream));
+                                   coef.data_ptr<float>(), pw, stream));
   if (!y.is_same(out)) out.copy_(y);
   return {out, mean, rstd};
 }
 
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
-    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Prologue& pro) {
+    const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro) {
   const GNShape s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
-  check_prologue(op, input, pro);
+  check_pointwise(op, input, pro);
   const Problem p = to_problem(s);
-  const gn::PreArgs pre = pre_args(pro);
+  if (defined(pro.gn_bias)) check_group_norm_args(op, input, num_groups, weight, pro.gn_bias);
   c10::cuda::CUDAGuard guard(input.device());
   const bool need_params = output_mask[1] || output_mask[2];
   auto [dx, dgamma, dbeta] = alloc_backward_outputs(input, s, weight, output_mask);
@@ -358,6 +379,8 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW,
                              {x.data_ptr(), dy.data_ptr(), dx_work.defined() ? dx_work.data_ptr() : nullptr});
   Tensor dsum = need_params ? at::empty({s.N, s.C, 2}, mean_c.options()) : Tensor();
+  const OptTensor b = defined(pro.gn_bias) ? OptTensor(pro.gn_bias->contiguous()) : std::nullopt;
+  const gn::PwArgs pw = pw_args(pro, Tensor(), rstd_c.data_ptr<float>(), w, b);
   auto stream = at::cuda::getCurrentCUDAStream();
   auto gamma_beta = [&] {
     if (need_params)
@@ -366,9 +389,10 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
                                                     dgamma ? dgamma->data_ptr() : nullptr,
                                                     dbeta ? dbeta->data_ptr() : nullptr, stream));
   };
-  const auto og = !output_mask[0] ? std::nullopt
-                                  : onepass_geometry(p, input.scalar_type(), true, nhwc,
-                                                     {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()}, pre.kind);
+  const auto og = !output_mask[0] || !onepass_allows(pro, nhwc)
+                      ? std::nullopt
+                      : onepass_geometry(p, input.scalar_type(), true, nhwc,
+                                         {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
   if (og) {
     // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
     Tensor partial = at::empty({og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2},
@@ -376,10 +400,11 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const Tensor counters = onepass_counters(*og, mean_c, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
-    a.wt = param_kind(w, std::nullopt, at::kFloat);
+    a.beta = ptr_or_null(b);
+    a.wt = param_kind(w, b, at::kFloat);
     a.mean = mean_c.data_ptr<float>(), a.rstd = rstd_c.data_ptr<float>();
     a.partial = partial.data_ptr<float>(), a.dsum = need_params ? dsum.data_ptr<float>() : nullptr;
-    a.counters = counters_ptr(counters), a.pre = pre;
+    a.counters = counters_ptr(counters), a.pw = pw;
     C10_CUDA_CHECK(gn::launch_onepass(true, t, p, *og, a, stream));
     gamma_beta();
     if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
@@ -389,7 +414,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   Tensor partial = at::empty({s.N * s.C * rg.K * 2}, mean_c.options());
   Tensor coef = output_mask[0] ? at::empty({s.N, s.C, 4}, mean_c.options()) : Tensor();
   C10_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), mean_c.data_ptr<float>(),
-                                   partial.data_ptr<float>(), pre, stream));
+                                   partial.data_ptr<float>(), pw, stream));
   C10_CUDA_CHECK(gn::launch_finalize_backward(
       param_kind(w, std::nullopt, at::kFloat), p, partial_layout(p, rg), partial.data_ptr<float>(),
       mean_c.data_ptr<float>(), rstd_c.data_ptr<float>(), ptr_or_null(w),
@@ -397,7 +422,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   gamma_beta();
   if (output_mask[0]) {
     C10_CUDA_CHECK(gn::launch_affine(true, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), dy.data_ptr(),
-                                     dx_work.data_ptr(), coef.data_ptr<float>(), pre, stream));
+                                     dx_work.data_ptr(), coef.data_ptr<float>(), pw, stream));
     if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
   }
   return {dx, dgamma, dbeta};
@@ -407,7 +432,7 @@ namespace {
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t num_groups, const OptTensor& weight,
                                                    const OptTensor& bias, double eps) {
-  return group_norm_cuda_pre("gnext.group_norm", input, num_groups, weight, bias, eps, Prologue{});
+  return group_norm_cuda_pre("gnext.group_norm", input, num_groups, weight, bias, eps, Pointwise{});
 }
 
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tensor& grad_out, const Tensor& input,
@@ -415,7 +440,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
                                                                      const OptTensor& weight, int64_t num_groups,
                                                                      std::array<bool, 3> output_mask) {
   return group_norm_backward_cuda_pre("gnext.group_norm_backward", grad_out, input, mean, rstd, weight, num_groups,
-                                      output_mask, Prologue{});
+                                      output_mask, Pointwise{});
 }
 
 }  // namespace

@@ -60,11 +60,11 @@ struct GradReducer {  // backward: (sum dy * (x - mean), sum dy)
 // ---------------------------------------------------------------------------------------------
 // NCHW reduction. grid = (N*C rows, K chunks of HxW); partial[(row * K) + k].
 // `chunk` is a multiple of V; HxW % V == 0 when V > 1.
-template <typename T, int V, typename R, int P>
+template <typename T, int V, typename R, int Pw>
 __global__ void __launch_bounds__(kMaxThreads)
     reduce_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
                        typename R::State* __restrict__ partial, int64_t HxW, int64_t chunk, int64_t C, int64_t D,
-                       int64_t G, PreArgs pre) {
+                       int64_t G, PwArgs pw) {
   using State = typename R::State;
   __shared__ State scratch[33];
   const int64_t row = blockIdx.x;
@@ -73,7 +73,19 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t off = row * HxW + h0;
   float mu = 0.f;
   if constexpr (R::kNeedsDy) mu = mean[(row / C) * G + (row % C) / D];
-  const float pb = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, row % C, 0.f);
+  constexpr int P = pw_pre(Pw), A = pw_act(Pw);
+  const float pb = P == kPreNone ? 0.f : load_param(pw.bias, pw.bias_t, row % C, 0.f);
+  // Epilogue, backward: dy -> dy * act'(n), n = (x - mean) * rstd * gamma + beta.
+  float sg = 0.f, sb = 0.f;
+  if constexpr (R::kNeedsDy && A != kActIdentity) {
+    sg = pw.rstd[(row / C) * G + (row % C) / D] * load_param(pw.gamma, pw.wt, row % C, 1.f);
+    sb = load_param(pw.beta, pw.wt, row % C, 0.f);
+  }
+  auto epi_dy = [&](float* xs, float* ds, int n) {
+    if constexpr (R::kNeedsDy && A != kActIdentity) {
+      for (int e = 0; e < n; ++e) ds[e] *= act_grad<A>(fmaf(sg, xs[e] - mu, sb));
+    }
+  };
 
   State s = R::Op::identity();
   const int64_t nvec = len / V, bs = blockDim.x;
@@ -89,6 +101,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int e = 0; e < kUnroll * V; ++e) xs[e] = pre_apply<P>(xs[e], pb);
     }
+    epi_dy(xs, ds, kUnroll * V);
     R::template accumulate<kUnroll * V>(s, xs, ds, mu);
   }
   for (; i < nvec; i += bs) {
@@ -99,6 +112,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int e = 0; e < V; ++e) xs[e] = pre_apply<P>(xs[e], pb);
     }
+    epi_dy(xs, ds, V);
     R::template accumulate<V>(s, xs, ds, mu);
   }
   s = block_reduce<typename R::Op>(s, scratch);
@@ -109,12 +123,14 @@ __global__ void __launch_bounds__(kMaxThreads)
 // NHWC reduction. grid = (N, K ranges of `rchunk` rows); partial[(n * K + k) * C + c].
 // Thread t owns channel vectors cv = t % tpr (+ tpr, ...) and rows t / tpr (+ rpi, ...);
 // dynamic shared memory holds rpi * C states.
-template <typename T, int V, typename R, int P>
+template <typename T, int V, typename R, int Pw>
 __global__ void __launch_bounds__(kMaxThreads)
     reduce_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
                        typename R::State* __restrict__ partial, int64_t rows, int64_t rchunk, int C, int D, int G,
-                       int tpr, int rpi, PreArgs pre) {
+                       int tpr, int rpi, PwArgs pw) {
   using State = typename R::State;
+  constexpr int P = pw_pre(Pw), A = pw_act(Pw);
+  constexpr bool kEpi = R::kNeedsDy && A != kActIdentity;  // dy -> dy * act'(GroupNorm(x))
   extern __shared__ unsigned char smem_raw[];
   State* sm = reinterpret_cast<State*>(smem_raw);
   const int64_t n = blockIdx.x;
@@ -127,12 +143,14 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (lane_r < rpi) {
     for (int cv = lane_c; cv < CV; cv += tpr) {
       const int c0 = cv * V;
-      float mu[V], pb[V];
+      float mu[V], pb[V], sg[V], sb[V];
       State s[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         mu[j] = R::kNeedsDy ? mean[n * G + (c0 + j) / D] : 0.f;
-        pb[j] = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, c0 + j, 0.f);
+        pb[j] = P == kPreNone ? 0.f : load_param(pw.bias, pw.bias_t, c0 + j, 0.f);
+        sg[j] = kEpi ? pw.rstd[n * G + (c0 + j) / D] * load_param(pw.gamma, pw.wt, c0 + j, 1.f) : 0.f;
+        sb[j] = kEpi ? load_param(pw.beta, pw.wt, c0 + j, 0.f) : 0.f;
         s[j] = R::Op::identity();
       }
       int64_t r = r0 + lane_r;
@@ -149,7 +167,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
             xj[u] = pre_apply<P>(xs[u][j], pb[j]);
-            dj[u] = ds[u][j];
+            dj[u] = kEpi ? ds[u][j] * act_grad<A>(fmaf(sg[j], xj[u] - mu[j], sb[j])) : ds[u][j];
           }
           R::template accumulate<kUnroll>(s[j], xj, dj, mu[j]);
         }
@@ -161,6 +179,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           xs[j] = pre_apply<P>(xs[j], pb[j]);
+          if constexpr (kEpi) ds[j] *= act_grad<A>(fmaf(sg[j], xs[j] - mu[j], sb[j]));
           R::template accumulate<1>(s[j], xs + j, ds + j, mu[j]);
         }
       }
@@ -272,36 +291,61 @@ __device__ __forceinline__ float channel_affine(const float4& k, float x, float 
   return r;
 }
 
-// channel_affine of the prologue's a = act(x + b); backward: times act'(x + b).
-template <bool HasDy, int P>
-__device__ __forceinline__ float pre_affine(const float4& k, float x, float dy, float b) {
-  if constexpr (P == kPreNone) {
+// channel_affine with the pointwise extension (pc: the channel's prologue bias, or for the
+// epilogue's backward its beta). Prologue: of a = pre(x + pc); backward times pre'(x + pc).
+// Epilogue: forward act(...) (the residual is added by the caller); backward with
+// dy * act'(n), n = (x - mean) * rstd * gamma + beta = k.z * (x - k.x) + pc.
+template <bool HasDy, int Pw>
+__device__ __forceinline__ float pw_affine(const float4& k, float x, float dy, float pc) {
+  constexpr int P = pw_pre(Pw), A = pw_act(Pw);
+  if constexpr (P != kPreNone) {
+    if constexpr (!HasDy) {
+      return channel_affine<false>(k, pre_apply<P>(x, pc), 0.f);
+    } else {
+      float a;
+      const float g = pre_apply_grad<P>(x, pc, a);
+      return channel_affine<true>(k, a, dy) * g;
+    }
+  } else if constexpr (A == kActIdentity) {
     return channel_affine<HasDy>(k, x, dy);
   } else if constexpr (!HasDy) {
-    return channel_affine<false>(k, pre_apply<P>(x, b), 0.f);
+    return act_apply<A>(channel_affine<false>(k, x, 0.f));
   } else {
-    float a;
-    const float g = pre_apply_grad<P>(x, b, a);
-    return channel_affine<true>(k, a, dy) * g;
+    return channel_affine<true>(k, x, dy * act_grad<A>(fmaf(k.z, x - k.x, pc)));
   }
+}
+
+// Per-channel value pc of pw_affine for channel c.
+template <bool HasDy, int Pw>
+__device__ __forceinline__ float pw_channel(const PwArgs& pw, int64_t c) {
+  if constexpr (pw_pre(Pw) != kPreNone) return load_param(pw.bias, pw.bias_t, c, 0.f);
+  if constexpr (HasDy && pw_act(Pw) != kActIdentity) return load_param(pw.beta, pw.wt, c, 0.f);
+  return 0.f;
 }
 
 // Loads U vectors (x and, for the backward, dy) at offs[u] before any store, then writes
 // out = channel_affine(...) for each. All U loads are in flight together.
-template <typename T, int V, bool HasDy, int P, int U>
+// res: the epilogue's residual (forward), added last, or null.
+template <typename T, int V, bool HasDy, int Pw, int U>
 __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
-                                            const int64_t (&offs)[U], const float4* k, const float* pb, int k_stride) {
-  float xs[U][V], ds[U][V];
+                                            const int64_t (&offs)[U], const float4* k, const float* pc, int k_stride,
+                                            const T* __restrict__ res) {
+  float xs[U][V], ds[U][V], rs[U][V];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     load_vec<T, V>(x + offs[u], xs[u]);
     if constexpr (HasDy) load_vec<T, V>(dy + offs[u], ds[u]);
+    if (!HasDy && res != nullptr) load_vec<T, V>(res + offs[u], rs[u]);
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #pragma unroll
     for (int j = 0; j < V; ++j)
-      xs[u][j] = pre_affine<HasDy, P>(k[j * k_stride], xs[u][j], HasDy ? ds[u][j] : 0.f, pb[j * k_stride]);
+      xs[u][j] = pw_affine<HasDy, Pw>(k[j * k_stride], xs[u][j], HasDy ? ds[u][j] : 0.f, pc[j * k_stride]);
+    if (!HasDy && res != nullptr) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) xs[u][j] += rs[u][j];
+    }
     store_vec<T, V>(out + offs[u], xs[u]);
   }
 }
@@ -309,12 +353,13 @@ __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __
 // NCHW. Long rows (rows_per_cta == 1): grid = (N*C, chunks), a CTA covers `chunk` elements of one
 // row. Short rows: grid = (ceil(N*C / rows_per_cta)), a CTA covers rows_per_cta whole rows and
 // finds each vector's row with a fast divide by HxW/V.
-template <typename T, int V, bool HasDy, int P>
+template <typename T, int V, bool HasDy, int Pw>
 __global__ void __launch_bounds__(kMaxThreads)
     affine_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                        const float4* __restrict__ coef, int64_t rows, int64_t HxW, int64_t chunk, int rows_per_cta,
-                       FastDivmod hwv, int64_t C, PreArgs pre) {
+                       FastDivmod hwv, int64_t C, PwArgs pw) {
   const int64_t bs = blockDim.x;
+  const T* res = static_cast<const T*>(pw.residual);
   // CTAs walk the grid backwards: the reduction walked (row, chunk) forwards, so the first CTAs
   // here re-read from L2 (50 MB on the H100) what it read last.
   const int64_t bx = gridDim.x - 1 - blockIdx.x, by = gridDim.y - 1 - blockIdx.y;
@@ -322,17 +367,17 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int64_t row = bx, h0 = by * chunk;
     const int64_t nvec = (min(HxW, h0 + chunk) - h0) / V, off = row * HxW + h0;
     const float4 k = coef[row];
-    const float pb = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, row % C, 0.f);
+    const float pc = pw_channel<HasDy, Pw>(pw, row % C);
     int64_t i = threadIdx.x;
     for (; i + (kUnroll - 1) * bs < nvec; i += kUnroll * bs) {
       int64_t offs[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) offs[u] = off + (i + u * bs) * V;
-      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, &k, &pb, 0);
+      affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, &k, &pc, 0, res);
     }
     for (; i < nvec; i += bs) {
       const int64_t offs[1] = {off + i * V};
-      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, &k, &pb, 0);
+      affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, &k, &pc, 0, res);
     }
   } else {
     const int64_t r0 = bx * rows_per_cta;
@@ -341,19 +386,19 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (uint32_t j = threadIdx.x; j < total; j += blockDim.x) {
       const int64_t row = r0 + hwv.div(j);
       const float4 k = coef[row];
-      const float pb = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, row % C, 0.f);
+      const float pc = pw_channel<HasDy, Pw>(pw, row % C);
       const int64_t offs[1] = {off + static_cast<int64_t>(j) * V};
-      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, &k, &pb, 0);
+      affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, &k, &pc, 0, res);
     }
   }
 }
 
 // NHWC. grid = (N, K ranges of rchunk rows); thread layout as in reduce_nhwc_kernel.
-template <typename T, int V, bool HasDy, int P>
+template <typename T, int V, bool HasDy, int Pw>
 __global__ void __launch_bounds__(kMaxThreads)
     affine_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                        const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi,
-                       PreArgs pre) {
+                       PwArgs pw) {
   // Backwards over the grid, as in affine_nchw_kernel: the reduction's last chunks are in L2.
   const int64_t n = gridDim.x - 1 - blockIdx.x;
   const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
@@ -361,25 +406,26 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (lane_r >= rpi) return;
   const int CV = C / V;
   const int64_t base = n * rows * C;
+  const T* res = static_cast<const T*>(pw.residual);
   for (int cv = lane_c; cv < CV; cv += tpr) {
     const int c0 = cv * V;
     float4 k[V];
-    float pb[V];
+    float pc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       k[j] = coef[n * C + c0 + j];
-      pb[j] = P == kPreNone ? 0.f : load_param(pre.bias, pre.bias_t, c0 + j, 0.f);
+      pc[j] = pw_channel<HasDy, Pw>(pw, c0 + j);
     }
     int64_t r = r0 + lane_r;
     for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
       int64_t offs[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) offs[u] = base + (r + u * rpi) * C + c0;
-      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, k, pb, 1);
+      affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, k, pc, 1, res);
     }
     for (; r < r1; r += rpi) {
       const int64_t offs[1] = {base + r * C + c0};
-      affine_vecs<T, V, HasDy, P>(x, dy, out, offs, k, pb, 1);
+      affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, k, pc, 1, res);
     }
   }
 }

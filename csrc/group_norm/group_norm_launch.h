@@ -68,13 +68,21 @@ struct OnePassGeometry {
   bool nhwc;      // NHWC: units of cb channels (whole groups), tiles of `rows` pixels x cb
   int64_t cb, rows;
 };
-// Optional prologue on the input: the kernels normalize a = act(x + bias[c]) instead of x
-// (kind: PreKind in device_utils.cuh; bias may be null = 0). Backward: grad_out is the gradient of
-// the GroupNorm output and the kernels write d/dx = dL/da * act'(x + bias) (the GELU backward fused).
-struct PreArgs {
-  int kind;          // PreKind (common/prologue.h)
-  const void* bias;  // (C,) or null
+// Pointwise extension of the kernels (common/pointwise.h), one `mode` = pw_mode(pre, act):
+//  * prologue: normalize a = pre(x + bias[c]) instead of x; the backward's grad_out is the gradient
+//    of the GroupNorm output and the kernels write dL/dx = dL/da * pre'(x + bias).
+//  * epilogue: out = act(GroupNorm(x)) [+ residual]; the backward's grad_out is dL/dout and the kernels
+//    use dL/dout * act'(GroupNorm(x)), recomputing GroupNorm(x) from mean, rstd, gamma, beta.
+struct PwArgs {
+  int mode;              // pw_mode(PreKind, ActKind)
+  const void* bias;      // prologue bias (C,) or null
   ScalarKind bias_t;
+  const void* residual;  // epilogue, forward: added after the activation (input's layout) or null
+  // epilogue, backward (two-pass kernels): per-group rstd and gamma/beta of type wt (null = 1 / 0)
+  const float* rstd;
+  const void* gamma;
+  const void* beta;
+  ScalarKind wt;
 };
 
 struct OnePassArgs {
@@ -91,7 +99,7 @@ struct OnePassArgs {
   float* dsum;         // backward: (sum dy*(x-mean), sum dy) per (n, c) for dgamma/dbeta, or null
   unsigned* counters;  // one per group / unit, zero on entry; null when T == 1
   float eps;
-  PreArgs pre;         // NCHW only (the NHWC one-pass kernel has no prologue)
+  PwArgs pw;           // NCHW only (the NHWC one-pass kernel has no pointwise extension)
 };
 cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
                            cudaStream_t stream);
@@ -102,7 +110,7 @@ constexpr size_t kGradStateBytes = 2 * sizeof(float);
 
 // Forward Welford partials of x (grad == false) or backward sums of dy*(x - mean) and dy.
 cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const ReduceGeometry& g, const void* x,
-                          const void* dy, const float* mean, float* partial, const PreArgs& pre,
+                          const void* dy, const float* mean, float* partial, const PwArgs& pw,
                           cudaStream_t stream);
 // mean/rstd per (n, g) and coef = (mean, rstd*gamma, 0, beta) per (n, c). wt: gamma/beta type.
 cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
@@ -118,7 +126,7 @@ cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const fl
 // out = coef.y * (a - coef.x) [+ coef.z * dy] + coef.w, a = x or the prologue's act(x + bias)
 // (backward with a prologue: times act'(x + bias)).
 cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const AffineGeometry& g, const void* x,
-                          const void* dy, void* out, const float* coef, const PreArgs& pre, cudaStream_t stream);
+                          const void* dy, void* out, const float* coef, const PwArgs& pw, cudaStream_t stream);
 
 }  // namespace gn
 }  // namespace gnext

@@ -92,10 +92,11 @@ __device__ __forceinline__ void onepass_pipeline(int nbuf, int64_t ktiles, Load&
   cp_async_wait<0>();
 }
 
-template <typename T, int V, bool Bwd, int Pre>
+template <typename T, int V, bool Bwd, int Pw>
 __global__ void __launch_bounds__(kOnePassThreads, 1)
     onepass_nchw_kernel(OnePassArgs a, OnePassGeometry geo, int64_t G, int64_t D, int64_t HxW, int64_t ntiles,
                         FastDivmod hwv) {
+  constexpr int Pre = pw_pre(Pw), A = pw_act(Pw);  // input prologue / output activation
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ WelfordState wscratch[33];
   __shared__ float2 sscratch[33];
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   };
 
   // Prologue bias of channel c (0 without a prologue).
-  auto pre_bias = [&](int64_t c) { return Pre == kPreNone ? 0.f : load_param(a.pre.bias, a.pre.bias_t, c, 0.f); };
+  auto pre_bias = [&](int64_t c) { return Pre == kPreNone ? 0.f : load_param(a.pw.bias, a.pw.bias_t, c, 0.f); };
 
   // Statistics of the k-th tile (in shared memory) to `partial`; then the group's counter.
   auto publish = [&](int64_t k) {
@@ -161,22 +162,30 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
       }
     } else {
       const float mu = a.mean[t.u];
-      auto acc = [&](float2& s, uint32_t v, float pb) {
+      const float r = A != kActIdentity ? a.rstd[t.u] : 0.f;
+      // pb: the channel's prologue bias; epilogue: dy -> dy * act'(n), n = (x - mu) * r * gamma + beta.
+      auto acc = [&](float2& s, uint32_t v, float pb, int64_t c) {
         float xv[V], dv[V];
         lds_vec<T, V>(sx + v * V, xv);
         lds_vec<T, V>(sd + v * V, dv);
+        float sg = 0.f, sb = 0.f;
+        if constexpr (A != kActIdentity) {
+          sg = r * load_param(a.gamma, a.wt, c, 1.f);
+          sb = load_param(a.beta, a.wt, c, 0.f);
+        }
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           const float xa = pre_apply<Pre>(xv[e], pb);
-          s.x = fmaf(dv[e], xa - mu, s.x);
-          s.y += dv[e];
+          const float d = A != kActIdentity ? dv[e] * act_grad<A>(fmaf(sg, xa - mu, sb)) : dv[e];
+          s.x = fmaf(d, xa - mu, s.x);
+          s.y += d;
         }
       };
       float2* q = partial2 + (t.u * D + t.d0) * geo.sub + t.piece;
       if (t.nch == 1) {
         float2 s = Sum2Op::identity();
         const float pb = pre_bias(c0);
-        for (uint32_t v = tid; v < nvec; v += blockDim.x) acc(s, v, pb);
+        for (uint32_t v = tid; v < nvec; v += blockDim.x) acc(s, v, pb, c0);
         s = block_reduce<Sum2Op>(s, sscratch);
         if (tid == 0) *q = s;
       } else {
@@ -187,7 +196,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
           if (warp < t.nch * wpc) {
             const uint32_t ch = warp / wpc, part = warp % wpc;
             const float pb = pre_bias(c0 + ch);
-            for (uint32_t v = part * 32 + lane; v < hv; v += wpc * 32) acc(s, ch * hv + v, pb);
+            for (uint32_t v = part * 32 + lane; v < hv; v += wpc * 32) acc(s, ch * hv + v, pb, c0 + ch);
           }
           s = warp_reduce<Sum2Op>(s);
           if (lane == 0) sscratch[warp] = s;
@@ -202,7 +211,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
           for (int ch = warp; ch < t.nch; ch += nwarps) {
             float2 s = Sum2Op::identity();
             const float pb = pre_bias(c0 + ch);
-            for (uint32_t v = lane; v < hv; v += 32) acc(s, ch * hv + v, pb);
+            for (uint32_t v = lane; v < hv; v += 32) acc(s, ch * hv + v, pb, c0 + ch);
             s = warp_reduce<Sum2Op>(s);
             if (lane == 0) q[ch * geo.sub] = s;
           }
@@ -263,7 +272,13 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
         float xv[V];
         lds_vec<T, V>(sx + v * V, xv);  // x, or the prologue's a (written by publish)
 #pragma unroll
-        for (int e = 0; e < V; ++e) xv[e] = fmaf(xv[e] - mu, scale, shift);
+        for (int e = 0; e < V; ++e) xv[e] = act_apply<A>(fmaf(xv[e] - mu, scale, shift));
+        if (a.pw.residual != nullptr) {
+          float rv[V];
+          load_vec<T, V>(static_cast<const T*>(a.pw.residual) + t.start + v * V, rv);
+#pragma unroll
+          for (int e = 0; e < V; ++e) xv[e] += rv[e];
+        }
         store_vec<T, V>(out + t.start + v * V, xv);
       }
     } else {
@@ -289,12 +304,14 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
       const float c2 = -r * r * r * accg.x * inv_count, c3 = -r * accg.y * inv_count;
       float scale = r * load_param(a.gamma, a.wt, c0, 1.f);
       float pb = pre_bias(c0);
+      float beta = A != kActIdentity ? load_param(a.beta, a.wt, c0, 0.f) : 0.f;
 #pragma unroll 4
       for (uint32_t v = tid; v < nvec; v += blockDim.x) {
         if (t.nch > 1) {
           const int64_t c = c0 + hwv.div(v);
           scale = r * load_param(a.gamma, a.wt, c, 1.f);
           pb = pre_bias(c);
+          if (A != kActIdentity) beta = load_param(a.beta, a.wt, c, 0.f);
         }
         float xv[V], dv[V];
         lds_vec<T, V>(sx + v * V, xv);
@@ -303,7 +320,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
         for (int e = 0; e < V; ++e) {
           float xa;
           const float g = pre_apply_grad<Pre>(xv[e], pb, xa);
-          const float d = fmaf(scale, dv[e], fmaf(c2, xa - mu, c3));
+          const float dd = A != kActIdentity ? dv[e] * act_grad<A>(fmaf(scale, xa - mu, beta)) : dv[e];
+          const float d = fmaf(scale, dd, fmaf(c2, xa - mu, c3));
           xv[e] = Pre == kPreNone ? d : d * g;
         }
         store_vec<T, V>(out + t.start + v * V, xv);

@@ -1,0 +1,64 @@
+// Compile-time dispatch helpers shared by the launcher translation units (nvcc only): element
+// type, vector width and pointwise mode as template constants.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "../common/device_utils.cuh"
+#include "group_norm_launch.h"
+
+namespace gnext {
+namespace gn {
+
+constexpr int kMaxDevices = 64;  // per-device caches of kernel attributes
+
+template <typename F>
+cudaError_t with_scalar(ScalarKind t, F&& f) {
+  switch (t) {
+    case ScalarKind::Float:
+      return f(float{});
+    case ScalarKind::Half:
+      return f(c10::Half{});
+    case ScalarKind::BFloat16:
+      return f(c10::BFloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+// vec is 1 or the 16-byte width of T.
+template <typename T, typename F>
+cudaError_t with_vec(int vec, F&& f) {
+  if (vec == 1) return f(std::integral_constant<int, 1>{});
+  return f(std::integral_constant<int, 16 / sizeof(T)>{});
+}
+
+// Pointwise mode (pw_mode in common/pointwise.h) as a compile-time constant: all kPwModes, or only
+// the prologue modes (kernels that an output activation does not change: the forward reduction).
+template <int M, typename F>
+cudaError_t with_pw_from(int mode, F& f) {
+  if constexpr (M == kPwModes) {
+    return cudaErrorInvalidValue;
+  } else {
+    return mode == M ? f(std::integral_constant<int, M>{}) : with_pw_from<M + 1>(mode, f);
+  }
+}
+template <typename F>
+cudaError_t with_pw(int mode, F&& f) {
+  return with_pw_from<0>(mode, f);
+}
+template <typename F>
+cudaError_t with_pw_pre(int mode, F&& f) {
+  switch (pw_pre(mode)) {
+    case kPreNone:
+      return f(std::integral_constant<int, kPreNone>{});
+    case kPreBiasGelu:
+      return f(std::integral_constant<int, kPreBiasGelu>{});
+    case kPreBiasGeluTanh:
+      return f(std::integral_constant<int, kPreBiasGeluTanh>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace gn
+}  // namespace gnext

@@ -1,0 +1,62 @@
+// Launcher of the one-pass GroupNorm kernels (group_norm_onepass.cuh): dispatch and launch only.
+// No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.
+#include <atomic>
+
+#include "group_norm_dispatch.cuh"
+#include "group_norm_onepass.cuh"
+
+namespace gnext {
+namespace gn {
+
+cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
+                           cudaStream_t stream) {
+  return with_scalar(t, [&](auto tt) -> cudaError_t {
+    using T = decltype(tt);
+    constexpr int V = 16 / sizeof(T);
+    if (g.vec != V || g.threads > kOnePassThreads || g.threads % 32 != 0) return cudaErrorInvalidValue;
+    // `tag` is unused in the body: a distinct type per kernel makes each kernel's instantiation of
+    // this lambda, and so its smem_set cache below, distinct (the kernels share signatures).
+    auto go = [&](auto tag, auto kernel, auto... extra) -> cudaError_t {
+      // Raise the kernel's dynamic shared-memory limit once per device (the call costs host time).
+      static std::atomic<int> smem_set[kMaxDevices];
+      int dev = 0;
+      cudaError_t e = cudaGetDevice(&dev);
+      if (e != cudaSuccess) return e;
+      if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
+        if (e != cudaSuccess) return e;
+        if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
+      }
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(g.grid);
+      cfg.blockDim = dim3(g.threads);
+      cfg.dynamicSmemBytes = g.smem;
+      cfg.stream = stream;
+      // CTAs wait on each other only when a group spans several tiles: then all must be co-resident.
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = a.counters != nullptr ? 1 : 0;
+      return cudaLaunchKernelEx(&cfg, kernel, a, g, extra...);
+    };
+    auto layout = [&](auto btag) -> cudaError_t {
+      constexpr bool B = decltype(btag)::value;
+      if (g.nhwc) {
+        if (a.pw.mode != kPreNone) return cudaErrorInvalidValue;  // no prologue in the NHWC kernel
+        return go(std::integral_constant<int, 2 * B>{}, onepass_nhwc_kernel<T, V, B>, p.C, p.G, p.D, p.HxW,
+                  g.units * g.T);
+      }
+      const FastDivmod hwv = g.cpt > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod();
+      return with_pw(a.pw.mode, [&](auto pp) {
+        constexpr int P = decltype(pp)::value;
+        return go(std::integral_constant<int, 2 * B + 1 + 4 * P>{}, onepass_nchw_kernel<T, V, B, P>, p.G, p.D,
+                  p.HxW, g.units * g.T, hwv);
+      });
+    };
+    return bwd ? layout(std::true_type{}) : layout(std::false_type{});
+  });
+}
+
+}  // namespace gn
+}  // namespace gnext

@@ -1,0 +1,162 @@
+"""group_norm_act: act(GroupNorm(x)) + residual, forward and gradients (x, weight, bias, residual)
+vs a float64 reference on fresh random inputs with non-zero mean, every activation, dtypes, NCHW
+and channels_last, both CUDA kernel paths (one-pass and two-pass); opcheck; torch.compile; module
+and converter; error messages."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import groupnorm_ext as ge
+from conftest import BWD_TOL, DEVICES, FWD_TOL, poison, rand_input, rel_err
+
+CL = torch.channels_last
+ACTS = list(ge.functional.ACTIVATIONS)
+
+
+def _act_ref(n, act):
+    return {
+        "identity": lambda t: t, "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+        "relu": F.relu, "tanh": torch.tanh, "hardswish": F.hardswish,
+        "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t)),
+    }[act](n)
+
+
+def _reference(x, G, w, b, res, act, dy):
+    leaves = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, w, b, res)]
+    xd, wd, bd, rd = leaves
+    y = _act_ref(F.group_norm(xd, G, wd, bd, 1e-5), act)
+    if rd is not None:
+        y = y + rd
+    present = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(y, present, dy.cpu().double()))
+    return y.detach(), [next(grads) if t is not None else None for t in leaves]
+
+
+def _check(device, dtype, fmt, shape, G, act, with_res, affine=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = rand_input(shape, dtype, device, memory_format=fmt, gen=gen)
+    C = shape[1]
+    w = (torch.randn(C, generator=gen) * 0.5 + 1).to(device, dtype) if affine else None
+    b = (torch.randn(C, generator=gen) * 0.5).to(device, dtype) if affine else None
+    res = rand_input(shape, dtype, device, scale=1.0, offset=-0.5, memory_format=fmt, gen=gen) if with_res else None
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w, b, res)]
+    poison(device, 8 * x.numel())
+    y = ge.group_norm_act(leaves[0], G, leaves[1], leaves[2], 1e-5, act, leaves[3])
+    assert y.shape == x.shape and y.dtype == dtype
+    if fmt is not None:
+        assert y.is_contiguous(memory_format=fmt)
+    dy = torch.randn(shape, generator=gen).to(device, dtype)
+    present = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(y, present, dy))
+    grads = [next(grads) if t is not None else None for t in leaves]
+    ref, ref_grads = _reference(x, G, w, b, res, act, dy)
+    assert torch.isfinite(y).all()
+    # activations with larger slopes (tanh chains) keep the GroupNorm error bounds within 2x
+    assert rel_err(y.cpu(), ref) <= 2 * FWD_TOL[dtype], (act, rel_err(y.cpu(), ref))
+    for name, g, r in zip(("input", "weight", "bias", "residual"), grads, ref_grads):
+        assert (g is None) == (r is None)
+        if g is not None:
+            assert torch.isfinite(g).all(), name
+            err = rel_err(g.cpu(), r)
+            assert err <= 4 * BWD_TOL[dtype], f"{act} grad {name}: {err:.2e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("fmt", [None, CL], ids=["nchw", "cl"])
+def test_matches_float64_reference(device, act, dtype, fmt):
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("covered on CUDA")
+    _check(device, dtype, fmt, (2, 12, 9, 7), 4, act, with_res=True, seed=ACTS.index(act))
+    _check(device, dtype, fmt, (3, 8, 5, 6), 8, act, with_res=False, affine=False, seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("onepass", ["1", "0"], ids=["onepass", "twopass"])
+@pytest.mark.parametrize("act", ["silu", "tanh_hardswish", "gelu"])
+@pytest.mark.parametrize("shape,G,fmt", [
+    ((2, 64, 40, 40), 16, None),     # one-pass NCHW, several tiles per group
+    ((1, 32, 96, 96), 8, None),      # few groups: split over many CTAs
+    ((2, 320, 16, 16), 32, CL),      # NHWC (two-pass kernels: the NHWC one-pass has no epilogue)
+    ((2, 64, 33, 35), 16, None),     # rows not 16-byte aligned: scalar path
+])
+def test_kernel_paths(onepass, act, shape, G, fmt, monkeypatch):
+    monkeypatch.setenv("GNEXT_ONEPASS", onepass)
+    for dtype in (torch.float32, torch.bfloat16):
+        _check("cuda", dtype, fmt, shape, G, act, with_res=True, seed=7)
+
+
+@pytest.mark.gpu
+def test_deterministic():
+    x = rand_input((2, 64, 48, 48), torch.float16, "cuda")
+    w = torch.randn(64, device="cuda", dtype=torch.float16)
+    outs = [ge.group_norm_act(x, 16, w, w, 1e-5, "silu", x) for _ in range(10)]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    gen = torch.Generator().manual_seed(2)
+    for shape, G, fmt, act in [((2, 6, 5, 7), 3, None, "silu"), ((2, 8, 4, 4), 4, CL, "tanh_hardswish")]:
+        x = rand_input(shape, torch.float32, device, memory_format=fmt, gen=gen)
+        w = torch.randn(shape[1], generator=gen).to(device)
+        r = rand_input(shape, torch.float32, device, memory_format=fmt, gen=gen)
+        torch.library.opcheck(torch.ops.gnext.group_norm_act.default, (x, G, w, w, 1e-5, act, r))
+        torch.library.opcheck(torch.ops.gnext.group_norm_act.default,
+                              (x.requires_grad_(), G, w, None, 1e-5, act, None))
+        _, mean, rstd = torch.ops.gnext.group_norm_act(x, G, w, w, 1e-5, act, None)
+        dy = torch.randn_like(x)
+        torch.library.opcheck(torch.ops.gnext.group_norm_act_backward.default,
+                              (dy, x.detach(), mean, rstd, w, w, G, act, [True, True, True]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    torch._dynamo.reset()
+    m = ge.GroupNormAct(4, 8, activation="gelu").to(device)
+    x = rand_input((2, 8, 6, 6), torch.float32, device).requires_grad_()
+    r = rand_input((2, 8, 6, 6), torch.float32, device).requires_grad_()
+    f = torch.compile(m, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
+    y_c = f(x, r)
+    g_c = torch.autograd.grad((y_c * y_c).sum(), [x, r, m.weight, m.bias])
+    y_e = m(x, r)
+    g_e = torch.autograd.grad((y_e * y_e).sum(), [x, r, m.weight, m.bias])
+    torch.testing.assert_close(y_c, y_e)
+    for a, b in zip(g_c, g_e):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_module_and_converter():
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(4, 8), nn.SiLU(), nn.Conv2d(8, 8, 1), nn.GroupNorm(2, 8),
+                        nn.Sequential(nn.GroupNorm(2, 8), nn.GELU(approximate="tanh")))
+    x = rand_input((2, 3, 9, 9), torch.float32, "cpu")
+    ref = seq(x)
+    sd = seq.state_dict()
+    conv = ge.convert_group_norm_act(seq)
+    assert isinstance(conv[1], ge.GroupNormAct) and conv[1].activation == "silu" and isinstance(conv[2], nn.Identity)
+    assert type(conv[4]) is ge.GroupNorm  # not followed by an activation
+    assert isinstance(conv[5][0], ge.GroupNormAct) and conv[5][0].activation == "gelu_tanh"
+    torch.testing.assert_close(conv(x), ref, rtol=1e-5, atol=1e-5)
+    assert set(conv.state_dict()) == set(sd)  # same keys: GroupNormAct keeps weight/bias
+    m = ge.GroupNormAct(4, 8)
+    m.load_state_dict(nn.GroupNorm(4, 8).state_dict())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_messages(device):
+    x = torch.randn(2, 8, 4, 4, device=device)
+    with pytest.raises(RuntimeError, match="activation must be one of"):
+        ge.group_norm_act(x, 4, activation="swish")
+    with pytest.raises(RuntimeError, match="residual.shape"):
+        ge.group_norm_act(x, 4, residual=x[:, :4])
+    with pytest.raises(RuntimeError, match="residual dtype"):
+        ge.group_norm_act(x, 4, residual=x.double())
+    with pytest.raises(RuntimeError, match="divisible by num_groups=3"):
+        ge.group_norm_act(x, 3)
