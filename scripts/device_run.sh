@@ -4,7 +4,7 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb fused act sweep fb ncu" BUDGET_S=580 bash scripts/device_run.sh
+#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu" BUDGET_S=580 bash scripts/device_run.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
@@ -63,6 +63,10 @@ if has act; then
   t0=$SECONDS
   timeout $(( $(left) - 20 )) python3 scripts/bench_group_norm_act.py --out "$OUT" > "$OUT/bench_group_norm_act.log" 2>&1
   echo "bench group_norm_act rc=$? ($((SECONDS - t0)) s)"; sed -n '/^Device:/,$p' "$OUT/bench_group_norm_act.log"
+fi
+if has sanitize; then
+  mkdir -p "$OUT/sanitizer"
+  OUT=$OUT/sanitizer TOOL_TIMEOUT=$(( ($(left) - 10) / 4 )) bash scripts/sanitize.sh
 fi
 if has fb; then
   timeout $(( $(left) )) python3 scripts/fb_overhead.py > "$OUT/fb_overhead.log" 2>&1

@@ -2,7 +2,8 @@
 """Small driver for compute-sanitizer (scripts/sanitize.sh): forward + backward of gnext's
 GroupNorm on shapes that take every kernel family (one-pass NCHW/NHWC with and without inter-CTA
 waits, two-pass NCHW/NHWC, HxW = 1), each checked against float64 so that a sanitizer run also
-fails on wrong results. Sizes are small: the sanitizers slow kernels down 10-100x."""
+fails on wrong results; then group_norm_act and the fused conv op (the kernels' pointwise modes).
+Sizes are small: the sanitizers slow kernels down 10-100x."""
 import os
 import sys
 
@@ -24,6 +25,53 @@ CASES = [  # shape, G, dtype, memory format
     ((2, 64, 4, 8, 8), 8, torch.float32, CL3),
     ((6, 64), 8, torch.float32, None),
 ]
+
+
+def pointwise_cases():
+    """group_norm_act (epilogue modes, residual) and the fused ConvTranspose2d+GELU+GroupNorm op
+    (prologue modes) on both kernel paths, forward and backward, vs float64."""
+    import torch.nn.functional as F
+
+    acts = {"silu": F.silu, "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t))}
+    bad = 0
+    for onepass in ("1", "0"):
+        os.environ["GNEXT_ONEPASS"] = onepass
+        for shape, G, fmt in (((4, 64, 24, 24), 8, None), ((2, 64, 12, 12), 8, CL)):
+            g = torch.Generator(device="cuda").manual_seed(1)
+            x = torch.randn(shape, device="cuda", generator=g) * 3 + 2
+            r = torch.randn(shape, device="cuda", generator=g)
+            if fmt is not None:
+                x, r = x.contiguous(memory_format=fmt), r.contiguous(memory_format=fmt)
+            w = torch.rand(shape[1], device="cuda", generator=g) + 0.5
+            b = torch.randn(shape[1], device="cuda", generator=g)
+            dy = torch.randn(shape, device="cuda", generator=g)
+            for act, fn in acts.items():
+                y, mean, rstd = torch.ops.gnext.group_norm_act(x, G, w, b, 1e-5, act, r)
+                dx, dw, db = torch.ops.gnext.group_norm_act_backward(dy, x, mean, rstd, w, b, G, act, [True, True, True])
+                xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+                ref = fn(F.group_norm(xd, G, wd, bd, 1e-5)) + r.double()
+                rg = torch.autograd.grad(ref, (xd, wd, bd), dy.double())
+                err = max(((a.double() - e).norm() / e.norm()).item() for a, e in zip((y, dx, dw, db), (ref, *rg)))
+                ok = err < 1e-4
+                bad += not ok
+                print(f"onepass={onepass} group_norm_act {act} {shape} {fmt}: max rel err {err:.1e} {'ok' if ok else 'FAIL'}")
+            xc = torch.randn(2, 16, 9, 11, device="cuda", generator=g)
+            wc = torch.randn(16, 32, 3, 3, device="cuda", generator=g) * 0.1
+            cb = torch.randn(32, device="cuda", generator=g)
+            torch.backends.cudnn.allow_tf32 = False
+            out, z, m, s = torch.ops.gnext.conv_transpose2d_gelu_group_norm(
+                xc, wc, cb, [2, 2], [1, 1], [1, 1], [1, 1], 1, 8, None, None, 1e-5, "tanh")
+            dyc = torch.randn(out.shape, device="cuda", generator=g)
+            grads = torch.ops.gnext.conv_transpose2d_gelu_group_norm_backward(
+                dyc, xc, wc, cb, z, m, s, None, [2, 2], [1, 1], [1, 1], [1, 1], 1, 8, "tanh", [True, True, True, False, False])
+            xd, wd, cbd = (t.double().requires_grad_() for t in (xc, wc, cb))
+            ref = F.group_norm(F.gelu(F.conv_transpose2d(xd, wd, cbd, 2, 1, 1), approximate="tanh"), 8)
+            rg = torch.autograd.grad(ref, (xd, wd, cbd), dyc.double())
+            err = max(((a.double() - e).norm() / e.norm()).item() for a, e in zip((out, *grads[:3]), (ref, *rg)))
+            ok = err < 1e-4
+            bad += not ok
+            print(f"onepass={onepass} conv_transpose2d_gelu_group_norm: max rel err {err:.1e} {'ok' if ok else 'FAIL'}")
+    return bad
 
 
 def main():
@@ -49,6 +97,7 @@ def main():
             ok = max(errs) < tol
             bad += not ok
             print(f"onepass={onepass} {shape} G={G} {dtype} {fmt}: max rel err {max(errs):.1e} {'ok' if ok else 'FAIL'}")
+    bad += pointwise_cases()
     torch.cuda.synchronize()
     print("cases failed:", bad)
     sys.exit(1 if bad else 0)

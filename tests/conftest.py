@@ -85,3 +85,19 @@ def reference(x, num_groups, weight, bias, eps, dy=None):
     grads = torch.autograd.grad(y, inputs, dy.double())
     it = iter(grads)
     return y.detach(), next(it), next(it) if wd is not None else None, next(it) if bd is not None else None
+
+
+def gn_decomposed(x, G, w, b, eps=1e-5):
+    """GroupNorm from elementary ops, differentiable by autograd in any dtype. Unlike F.group_norm it
+    accepts groups of one value, and its backward works for weight=None with a bias on torch 2.11
+    (F.group_norm's fails there when the input does not require grad: 'tensor does not have a device')."""
+    xs = x.reshape(x.shape[0], G, -1)
+    mean = xs.mean(-1, keepdim=True)
+    var = (xs - mean).pow(2).mean(-1, keepdim=True)
+    y = ((xs - mean) * (var + eps).rsqrt()).reshape(x.shape)
+    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    if w is not None:
+        y = y * w.view(shape)
+    if b is not None:
+        y = y + b.view(shape)
+    return y

@@ -80,3 +80,20 @@ def test_no_host_sync_inside_ops():
         _all_ops(*inputs)  # every op forward and backward, the fused conv op included
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@two_gpus
+def test_inputs_on_different_gpus_raise():
+    x = torch.randn(2, 8, 4, 4, device="cuda:0")
+    w1 = torch.ones(8, device="cuda:1")
+    with pytest.raises(RuntimeError, match=r"weight is on cuda:1 but input is on cuda:0"):
+        ge.group_norm(x, 4, w1)
+    with pytest.raises(RuntimeError, match=r"bias is on cuda:1 but input is on cuda:0"):
+        ge.group_norm_act(x, 4, None, w1, 1e-5, "silu")
+    with pytest.raises(RuntimeError, match=r"residual is on cuda:1 but input is on cuda:0"):
+        ge.group_norm_act(x, 4, None, None, 1e-5, "silu", x.to("cuda:1"))
+    with pytest.raises(RuntimeError, match=r"weight is on cuda:1 but input is on cuda:0"):
+        ge.conv_transpose2d_gelu_group_norm(x, torch.randn(8, 8, 3, 3, device="cuda:1"), None, 4)
+    _, mean, rstd = torch.ops.gnext.group_norm(x, 4, None, None, 1e-5)
+    with pytest.raises(RuntimeError, match=r"grad_out is on cuda:1 but input is on cuda:0"):
+        torch.ops.gnext.group_norm_backward(x.to("cuda:1"), x, mean, rstd, None, 4, [True, False, False])

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import groupnorm_ext as ge
-from conftest import DEVICES, rand_input
+from conftest import DEVICES, gn_decomposed, rand_input
 
 CL = torch.channels_last
 
@@ -87,21 +87,6 @@ def test_compile_dynamic_shapes(device):
         torch.testing.assert_close(f(x), F.group_norm(x, 4), rtol=1e-5, atol=1e-5)
 
 
-def _gn_decomposed(x, G, w, b, eps=1e-5):
-    """GroupNorm from elementary ops (F.group_norm's own backward fails on torch 2.11 for weight=None
-    with a bias and an input that does not require grad: 'tensor does not have a device')."""
-    xs = x.view(x.shape[0], G, -1)
-    mean = xs.mean(-1, keepdim=True)
-    var = (xs - mean).pow(2).mean(-1, keepdim=True)
-    y = ((xs - mean) * (var + eps).rsqrt()).view(x.shape)
-    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
-    if w is not None:
-        y = y * w.view(shape)
-    if b is not None:
-        y = y + b.view(shape)
-    return y
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_autograd_optional_and_partial_inputs(device):
     """Gradients with None optionals before others (weight None, bias given) and requires_grad on
@@ -119,11 +104,11 @@ def test_autograd_optional_and_partial_inputs(device):
             leaves["b"] = bb.clone().requires_grad_(not x_grad)
         want = [t for t in leaves.values() if t.requires_grad]
         ours = ge.group_norm(leaves["x"], 4, leaves.get("w"), leaves.get("b"))
-        ref = _gn_decomposed(leaves["x"], 4, leaves.get("w"), leaves.get("b"))
+        ref = gn_decomposed(leaves["x"], 4, leaves.get("w"), leaves.get("b"))
         for a, r in zip(torch.autograd.grad(ours.sum() * 2, want), torch.autograd.grad((ref.sum() * 2), want)):
             torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
         ours = ge.group_norm_act(leaves["x"], 4, leaves.get("w"), leaves.get("b"), 1e-5, "silu", None)
-        ref = F.silu(_gn_decomposed(leaves["x"], 4, leaves.get("w"), leaves.get("b")))
+        ref = F.silu(gn_decomposed(leaves["x"], 4, leaves.get("w"), leaves.get("b")))
         for a, r in zip(torch.autograd.grad((ours * ours).sum(), want), torch.autograd.grad((ref * ref).sum(), want)):
             torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
     # fused conv op: conv_bias None, GN affine
