@@ -5,6 +5,11 @@ Environment variables:
   TORCH_CUDA_ARCH_LIST   CUDA archs to compile for (default here: "9.0").
   MAX_JOBS               parallel compile jobs (ninja).
   CUDA_HOME              CUDA toolkit root (default /usr/local/cuda when it exists).
+
+The module uses only the CPython limited API, so the wheel is tagged abi3: one wheel for every
+CPython from the oldest one torch supports (3.10 for torch 2.14: torch compiles the extension with
+-DPy_LIMITED_API=0x030A0000), though still tied to the torch release it was built against. The build
+records what it was built with in groupnorm_ext/_build_info.py (`python -m groupnorm_ext --info`).
 """
 import glob
 import os
@@ -33,6 +38,24 @@ def pip_cuda_include_dirs():
     return dirs
 
 
+VERSION = "0.1.0"
+
+
+def write_build_info(use_cuda):
+    import torch
+
+    info = {
+        "version": VERSION,
+        "torch": torch.__version__.split("+")[0],
+        "torch_full": torch.__version__,
+        "cuda": torch.version.cuda if use_cuda else None,
+        "cuda_archs": os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split() if use_cuda else [],
+    }
+    with open(os.path.join(ROOT, "groupnorm_ext", "_build_info.py"), "w") as f:
+        f.write('"""Written by setup.py at build time: what this build of gnext was compiled with."""\n')
+        f.write(f"BUILD_INFO = {info!r}\n")
+
+
 def extension():
     rel = lambda paths: sorted(os.path.relpath(p, ROOT) for p in paths)  # noqa: E731
     cpp = rel(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True))
@@ -42,7 +65,10 @@ def extension():
     if not use_cuda:
         print("gnext: building CPU-only (no CUDA toolkit or GNEXT_CPU_ONLY=1)")
         cpp = [f for f in cpp if not f.endswith("_cuda.cpp")]
-        return CppExtension("groupnorm_ext._C", cpp, extra_compile_args={"cxx": cxx})
+        write_build_info(False)
+        return CppExtension("groupnorm_ext._C", cpp, extra_compile_args={"cxx": cxx},
+                            py_limited_api=True)  # torch adds -DPy_LIMITED_API (3.10)
+    write_build_info(True)
     nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-v"
             if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]
     return CUDAExtension(
@@ -50,6 +76,7 @@ def extension():
         cpp + cu,
         include_dirs=pip_cuda_include_dirs(),
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        py_limited_api=True,  # torch adds -DPy_LIMITED_API (3.10)
     )
 
 
@@ -72,11 +99,12 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
 
 setup(
     name="gnext",
-    version="0.1.0",
+    version=VERSION,
     description="Fast GroupNorm for PyTorch on NVIDIA GPUs (torch.ops.gnext)",
     packages=find_packages(include=["groupnorm_ext", "groupnorm_ext.*"]),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExt},
-    python_requires=">=3.9",
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    python_requires=">=3.10",
     install_requires=["torch>=2.4"],
 )

@@ -58,3 +58,17 @@ def test_convert_group_norm(device):
     torch.testing.assert_close(converted(x), expected, rtol=1e-5, atol=1e-5)
     root = ge.convert_group_norm(nn.GroupNorm(2, 4))
     assert type(root) is ge.GroupNorm
+
+
+def test_info_command_reports_the_build():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "groupnorm_ext", "--info"], capture_output=True, text=True)
+    assert "built against torch" in r.stdout and "library loaded" in r.stdout, r.stdout + r.stderr
+    assert r.returncode in (0, 1)
+    from groupnorm_ext.__main__ import _arch_ok
+
+    assert _arch_ok(["9.0"], 9, 0) and not _arch_ok(["9.0"], 8, 0)
+    assert _arch_ok(["8.0"], 8, 6) and _arch_ok(["8.0+PTX"], 9, 0) and not _arch_ok(["8.0"], 9, 0)
+    assert _arch_ok(["9.0a"], 9, 0) and not _arch_ok(["9.0a"], 10, 0)

@@ -6,6 +6,9 @@ the residual add as ONE gnext op (torch.ops.gnext.group_norm_act with activation
 residual = the conv output), then torch.logsumexp. Same parameters and state_dict keys as Model.
 Run this file to check ModelNew against Model on 5 random inputs (output and gradients).
 """
+import os
+import sys
+
 import torch
 import torch.nn as nn
 
@@ -59,29 +62,11 @@ def get_init_inputs():
 
 
 def check(device, n_inputs=5, tol=None):
-    """ModelNew vs Model: output and gradients of x and every parameter."""
-    torch.manual_seed(0)
-    model = Model(*get_init_inputs()).to(device)
-    with torch.no_grad():
-        model.group_norm.weight.normal_(1.0, 0.5)
-        model.group_norm.bias.normal_()
-    new = ModelNew(*get_init_inputs()).to(device)
-    new.load_state_dict(model.state_dict())
-    worst = 0.0
-    for _ in range(n_inputs):
-        x = get_inputs()[0].to(device)
-        outs = []
-        for m in (model, new):
-            xg = x.clone().requires_grad_()
-            y = m(xg)
-            y.backward(torch.ones_like(y) * 0.1 + y * 0.01)
-            outs.append([y.detach(), xg.grad] + [p.grad for p in m.parameters()])
-            m.zero_grad()
-        for a, b in zip(*outs):
-            worst = max(worst, ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item())
-    if tol is not None:
-        assert worst <= tol, f"ModelNew vs Model: max relative error {worst:.2e} > {tol:.0e}"
-    return worst
+    """ModelNew vs Model: output and gradients of x and every parameter (check_model_new.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from check_model_new import check as check_model_new
+
+    return check_model_new(Model, ModelNew, get_inputs, get_init_inputs, device, n_inputs, tol)
 
 
 if __name__ == "__main__":
