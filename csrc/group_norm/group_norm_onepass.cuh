@@ -17,6 +17,8 @@
 // every CTA publishes wave k+1 before it waits on wave k; all CTAs are co-resident (cooperative
 // launch), so the waits of wave k end once wave k-1's have. With nbuf == 1 every CTA has one tile.
 #pragma once
+#include <type_traits>
+
 #include "group_norm_kernels.cuh"
 
 namespace gnext {
@@ -151,7 +153,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
 #pragma unroll
           for (int e = 0; e < V; ++e) xv[e] = pre_apply<Pre>(xv[e], pb);
           sts_vec<T, V>(const_cast<T*>(sx) + v * V, xv);
-          lds_vec<T, V>(sx + v * V, xv);  // the statistics of the stored (rounded) values
+          // the statistics of the stored (rounded) values; float stores exactly, nothing to reload
+          if constexpr (!std::is_same_v<T, float>) lds_vec<T, V>(sx + v * V, xv);
         }
         s = welford_merge(s, welford_of<V>(xv));
       }
