@@ -23,6 +23,16 @@ TORCH_LIBRARY(gnext, m) {
   m.def(
       "group_norm_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " Tensor? bias, int num_groups, str activation, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
+  // out = logsumexp over dim 1 (keepdim) of [residual ? v : 0] + act(GroupNorm(v)), v = input + input_bias[c]
+  // (KernelBench L2#92 after its conv); out is (N, 1, *) of input's dtype, mean/rstd (N, G) float32 of v.
+  m.def(
+      "group_norm_act_logsumexp(Tensor input, Tensor? input_bias, int num_groups, Tensor? weight, Tensor? bias,"
+      " float eps, str activation, bool residual) -> (Tensor out, Tensor mean, Tensor rstd)");
+  // Its backward. output_mask selects (grad_input, grad_input_bias, grad_weight, grad_bias).
+  m.def(
+      "group_norm_act_logsumexp_backward(Tensor grad_out, Tensor out, Tensor input, Tensor? input_bias,"
+      " Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, int num_groups, str activation, bool residual,"
+      " bool[4] output_mask) -> (Tensor?, Tensor?, Tensor?, Tensor?)");
   // out = GroupNorm(GELU(conv_transpose2d(input, weight) + conv_bias)). z is the conv output
   // without bias, saved with mean/rstd ((N, num_groups) float32) for the backward.
   m.def(

@@ -6,15 +6,17 @@ Importing this package loads the compiled library, which registers
 * ``torch.ops.gnext.group_norm_backward(grad_out, input, mean, rstd, weight, num_groups, output_mask)``
 * ``torch.ops.gnext.conv_transpose2d_gelu_group_norm(...)`` and its ``..._backward`` (KernelBench L2#19)
 * ``torch.ops.gnext.group_norm_act(input, num_groups, weight, bias, eps, activation, residual)`` and its backward
+* ``torch.ops.gnext.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation,
+  residual)`` and its backward (KernelBench L2#92 after the conv)
 
 with CPU and CUDA kernels, C++ autograd and fake kernels (``_ops.py``).
 """
 from ._ops import ops
-from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act
+from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp
 from .modules import (ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct, convert_conv_transpose_gelu_group_norm,
                       convert_group_norm, convert_group_norm_act)
 
 __all__ = ["ops", "group_norm", "GroupNorm", "convert_group_norm", "conv_transpose2d_gelu_group_norm",
            "ConvTranspose2dGELUGroupNorm", "convert_conv_transpose_gelu_group_norm", "group_norm_act", "GroupNormAct",
-           "convert_group_norm_act"]
+           "convert_group_norm_act", "group_norm_act_logsumexp"]
 __version__ = "0.1.0"

@@ -105,3 +105,22 @@ def _group_norm_act_fake(input, num_groups, weight, bias, eps, activation, resid
 @torch.library.register_fake("gnext::group_norm_act_backward")
 def _group_norm_act_backward_fake(grad_out, input, mean, rstd, weight, bias, num_groups, activation, output_mask):
     return _group_norm_backward_fake(grad_out, input, mean, rstd, weight, num_groups, output_mask)
+
+
+@torch.library.register_fake("gnext::group_norm_act_logsumexp")
+def _group_norm_act_logsumexp_fake(input, input_bias, num_groups, weight, bias, eps, activation, residual):
+    torch._check(input_bias is None or tuple(input_bias.shape) == (input.shape[1],),
+                 lambda: f"gnext.group_norm_act_logsumexp: input_bias must have shape (C,), got "
+                         f"{tuple(input_bias.shape)}")
+    _, mean, rstd = _group_norm_fake(input, num_groups, weight, bias, eps)
+    out = input.new_empty((input.shape[0], 1, *input.shape[2:]))
+    return out, mean, rstd
+
+
+@torch.library.register_fake("gnext::group_norm_act_logsumexp_backward")
+def _group_norm_act_logsumexp_backward_fake(grad_out, out, input, input_bias, mean, rstd, weight, bias, num_groups,
+                                            activation, residual, output_mask):
+    dx, dw, db = _group_norm_backward_fake(input, input, mean, rstd, weight, num_groups,
+                                           [output_mask[0], output_mask[2], output_mask[3]])
+    dib = input_bias.new_empty((input.shape[1],)) if output_mask[1] and input_bias is not None else None
+    return dx, dib, dw, db

@@ -134,3 +134,46 @@ def group_norm_act(
     Differentiable in input, weight, bias and residual; traceable by ``torch.compile(fullgraph=True)``.
     """
     return ops.group_norm_act(input, num_groups, weight, bias, eps, activation, residual)[0]
+
+
+def group_norm_act_logsumexp(
+    input: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    activation: str = "tanh_hardswish",
+    residual: bool = True,
+    input_bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    r"""``torch.logsumexp(v + act(group_norm(v)), dim=1, keepdim=True)`` with
+    ``v = input + input_bias[c]``, in one op: the tail of KernelBench L2#92 (Conv2d, GroupNorm, Tanh,
+    HardSwish, residual add, LogSumExp over channels), with ``input`` the conv output *without* its bias
+    and ``input_bias`` the conv bias (adding it here saves cuDNN's separate bias pass).
+
+    Per sample n and pixel s, with GroupNorm as in :func:`group_norm` (Wu & He 2018)::
+
+        v[n, c, s]  = input[n, c, s] + input_bias[c]
+        r[n, c, s]  = [residual] v[n, c, s] + act(group_norm(v)[n, c, s])
+        out[n, 0, s] = log(sum_c exp(r[n, c, s]))          (computed with a running max, as torch.logsumexp)
+
+    On CUDA: the GroupNorm statistics of v (one read of input), then one kernel that normalizes,
+    activates, adds the residual and reduces over the C channels of each pixel, so the (N, C, *) result
+    of the activation is never written. The backward recomputes r from mean/rstd and ``out``.
+
+    Args:
+        input: (N, C, *) float32, float16 or bfloat16, any memory format (channels_last is read in place).
+        num_groups, weight, bias, eps: GroupNorm's, as :func:`group_norm`.
+        activation: as :func:`group_norm_act` (default ``tanh_hardswish``, i.e. ``hardswish(tanh(.))``).
+        residual: add ``v`` before the logsumexp (L2#92's ``x_conv + x_hard_swish``).
+        input_bias: optional (C,) tensor of ``input``'s dtype or float32 added to every channel first.
+
+    Returns:
+        Tensor (N, 1, *) of ``input``'s dtype (logsumexp over dim 1 with ``keepdim=True``).
+
+    Raises:
+        RuntimeError: as :func:`group_norm`; unknown activation; input_bias of another shape or device.
+
+    Differentiable in input, input_bias, weight and bias; traceable by ``torch.compile(fullgraph=True)``.
+    """
+    return ops.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation, residual)[0]

@@ -61,11 +61,13 @@ def main():
     new.load_state_dict(model.state_dict())
     x = kb.get_inputs()[0].cuda()
     torch._dynamo.reset()
+    w_cl = model.conv.weight.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
     impls = {"eager": model, "compile": torch.compile(model), "gnext": new,
-             "conv alone": lambda t: F.conv2d(t, model.conv.weight, model.conv.bias)}
+             "conv alone": lambda t: F.conv2d(t, model.conv.weight, model.conv.bias),
+             "conv CL no bias": lambda t: F.conv2d(t.contiguous(memory_format=torch.channels_last), w_cl)}
     row = {"name": "L2#92 128x8x128x128 fp32"}
     for k, fn in impls.items():
-        params = list(model.parameters()) if k != "gnext" else list(new.parameters())
+        params = list(new.parameters()) if k == "gnext" else [w_cl] if k == "conv CL no bias" else list(model.parameters())
         row[k] = dict(zip(("fwd_ms", "fwdbwd_ms"), time_fwd_fb(timer, fn, [x], params)))
         print(f"  {row['name']} {k:10s} {row[k]}", flush=True)
     rows.append(row)
@@ -91,7 +93,8 @@ def main():
              "gnext f+b | x eager | x compile | reference |", "|---|" + "---:|" * 11]
     for r in rows:
         e, c, g = r["eager"], r["compile"], r["gnext"]
-        extra = (f"conv alone {r['conv alone']['fwd_ms']:.3f} / {r['conv alone']['fwdbwd_ms']:.3f}" if "conv alone" in r
+        extra = (f"conv alone {r['conv alone']['fwd_ms']:.3f} / {r['conv alone']['fwdbwd_ms']:.3f}; CL without bias "
+                 f"{r['conv CL no bias']['fwd_ms']:.3f} / {r['conv CL no bias']['fwdbwd_ms']:.3f}" if "conv alone" in r
                  else f"floor fwd {r['floor_fwd_ms']:.3f}; GN then F.silu {r['gnext GN, then F.silu']['fwd_ms']:.3f}"
                       f" / {r['gnext GN, then F.silu']['fwdbwd_ms']:.3f}")
         lines.append(f"| {r['name']} | {e['fwd_ms']:.3f} | {c['fwd_ms']:.3f} | {g['fwd_ms']:.3f} | "

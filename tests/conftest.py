@@ -101,3 +101,29 @@ def gn_decomposed(x, G, w, b, eps=1e-5):
     if b is not None:
         y = y + b.view(shape)
     return y
+
+
+LAYOUTS = ["contiguous", "channels_last", "permuted", "sliced"]
+
+
+def layout_input(shape, dtype, device, layout, scale, offset, gen):
+    """scale * randn + offset of `shape` in one of LAYOUTS: channels_last(_3d) for 4-D/5-D shapes (else
+    contiguous), "permuted" (the last two spatial dims' strides swapped, 4-D and up), "sliced" (every
+    other element of a twice-wider last dim, so not 16-byte aligned rows)."""
+    if layout == "sliced":
+        wide = list(shape)
+        wide[-1] *= 2
+        x = torch.randn(wide, generator=gen, dtype=torch.float64)[..., ::2]
+    elif layout == "permuted" and len(shape) >= 4:
+        perm_shape = list(shape)
+        perm_shape[-1], perm_shape[-2] = perm_shape[-2], perm_shape[-1]
+        x = torch.randn(perm_shape, generator=gen, dtype=torch.float64).transpose(-1, -2)
+    else:
+        x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    x = (x * scale + offset).to(dtype).to(device)  # keeps the strides of a non-contiguous x
+    if layout == "channels_last" and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "channels_last" and x.dim() == 5:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    assert x.shape == tuple(shape)
+    return x

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DEVICES, reference
+from conftest import DEVICES, layout_input, reference
 
 EPS32 = 2.0**-23
 OUT_EPS = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
@@ -48,33 +48,9 @@ def problems(draw):
                 offset=offset, scale=scale, seed=seed)
 
 
-def _make_input(pb, device, gen):
-    shape, dtype = pb["shape"], pb["dtype"]
-    layout = pb["layout"]
-    if layout == "sliced":  # every other element of a wider last dim (or of C when there is no spatial dim)
-        wide = list(shape)
-        wide[-1] *= 2
-        base = torch.randn(wide, generator=gen, dtype=torch.float64)
-        x = base[..., ::2]
-    elif layout == "permuted" and len(shape) >= 4:  # swap two spatial dims' strides
-        perm_shape = list(shape)
-        perm_shape[-1], perm_shape[-2] = perm_shape[-2], perm_shape[-1]
-        x = torch.randn(perm_shape, generator=gen, dtype=torch.float64).transpose(-1, -2)
-    else:
-        x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    x = (x * pb["scale"] + pb["offset"]).to(dtype)
-    x = x.to(device)  # keeps the strides of a non-contiguous x
-    if layout == "channels_last" and x.dim() == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
-    elif layout == "channels_last" and x.dim() == 5:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    assert x.shape == shape
-    return x
-
-
 def check(pb, device):
     gen = torch.Generator().manual_seed(pb["seed"])
-    x = _make_input(pb, device, gen)
+    x = layout_input(pb["shape"], pb["dtype"], device, pb["layout"], pb["scale"], pb["offset"], gen)
     C, G, dtype = pb["shape"][1], pb["G"], pb["dtype"]
     w = b = None
     if pb["affine"] != "none":

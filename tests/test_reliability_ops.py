@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import groupnorm_ext as ge
-from conftest import DEVICES, gn_decomposed, rand_input, rel_err
+from conftest import DEVICES, LAYOUTS, gn_decomposed, layout_input, rand_input, rel_err
 
 SMOOTH = ["identity", "silu", "gelu", "gelu_tanh", "tanh"]  # act' continuous: backward fuzzed
 KINKED = ["relu", "hardswish", "tanh_hardswish"]  # act' jumps (0, +-3): forward fuzzed only
@@ -30,14 +30,38 @@ def _act(n, act):
             "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t))}[act](n)
 
 
+EPS32 = 2.0**-24
+
+
 @st.composite
 def act_problems(draw):
     G, D, N = draw(st.integers(1, 4)), draw(st.integers(1, 5)), draw(st.integers(1, 3))
-    spatial = [draw(st.sampled_from([1, 2, 3, 5, 8, 13, 16])) for _ in range(draw(st.integers(0, 2)))]
-    return dict(shape=(N, G * D, *spatial), G=G, act=draw(st.sampled_from(SMOOTH + KINKED)),
-                dtype=draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16])),
-                cl=draw(st.booleans()), residual=draw(st.booleans()), affine=draw(st.booleans()),
-                offset=draw(st.sampled_from([0.0, 2.0, -5.0])), seed=draw(st.integers(0, 2**31 - 1)))
+    spatial = [draw(st.sampled_from([1, 2, 3, 5, 8, 13, 16])) for _ in range(draw(st.integers(0, 3)))]
+    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+    if dtype == torch.float32:  # large means and tiny variances too
+        offset, scale = draw(st.sampled_from([0.0, 2.0, -5.0, 1e3, 1e4])), draw(st.sampled_from([1e-2, 1.0, 2.0]))
+    else:  # keep the input distinguishable after rounding to 8-11 bits
+        offset, scale = draw(st.sampled_from([0.0, 2.0, -5.0])), 2.0
+    return dict(shape=(N, G * D, *spatial), G=G, act=draw(st.sampled_from(SMOOTH + KINKED)), dtype=dtype,
+                layout=draw(st.sampled_from(LAYOUTS)), residual=draw(st.booleans()), affine=draw(st.booleans()),
+                offset=offset, scale=scale, seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def _fuzz_inputs(pb, device):
+    """x in the drawn layout, weight/bias (or None), float64 CPU copies, and the relative error that
+    float32 statistics alone cause (~ulp32(|mean|) * rstd: large means with small variances)."""
+    shape, G, dtype = pb["shape"], pb["G"], pb["dtype"]
+    if device == "cpu" and dtype == torch.float16:
+        dtype = torch.float32
+    gen = torch.Generator().manual_seed(pb["seed"])
+    x = layout_input(shape, dtype, device, pb["layout"], pb["scale"], pb["offset"], gen)
+    C = shape[1]
+    w = (torch.randn(C, generator=gen) * 0.5 + 1).to(device, dtype) if pb["affine"] else None
+    b = (torch.randn(C, generator=gen) * 0.5).to(device, dtype) if pb["affine"] else None
+    xg = x.detach().cpu().double().reshape(shape[0], G, -1)
+    mean, rstd = xg.mean(-1), (xg.var(-1, unbiased=False) + 1e-5).rsqrt()
+    stat_rel = 8 * EPS32 * (1 + (mean.abs() * rstd).max().item())
+    return gen, dtype, x, w, b, stat_rel
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -46,23 +70,16 @@ def test_fuzz_group_norm_act(device):
               suppress_health_check=list(HealthCheck))
     @given(act_problems())
     def run(pb):
-        shape, G, dtype = pb["shape"], pb["G"], pb["dtype"]
-        if device == "cpu" and dtype == torch.float16:
-            dtype = torch.float32
-        gen = torch.Generator().manual_seed(pb["seed"])
-        fmt = torch.channels_last if pb["cl"] and len(shape) == 4 else None
-        x = rand_input(shape, dtype, device, scale=2.0, offset=pb["offset"], memory_format=fmt, gen=gen)
-        C = shape[1]
-        w = (torch.randn(C, generator=gen) * 0.5 + 1).to(device, dtype) if pb["affine"] else None
-        b = (torch.randn(C, generator=gen) * 0.5).to(device, dtype) if pb["affine"] else None
-        res = rand_input(shape, dtype, device, scale=1.0, offset=0.0, gen=gen) if pb["residual"] else None
+        shape, G = pb["shape"], pb["G"]
+        gen, dtype, x, w, b, stat_rel = _fuzz_inputs(pb, device)
+        res = (layout_input(shape, dtype, device, pb["layout"], 1.0, 0.0, gen) if pb["residual"] else None)
         leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w, b, res)]
         y = ge.group_norm_act(leaves[0], G, leaves[1], leaves[2], 1e-5, pb["act"], leaves[3])
         refs = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, w, b, res)]
         ref = _act(gn_decomposed(refs[0], G, refs[1], refs[2]), pb["act"])
         if refs[3] is not None:
             ref = ref + refs[3]
-        ftol, btol = TOL[dtype]
+        ftol, btol = (t + stat_rel for t in TOL[dtype])
         assert y.shape == x.shape and torch.isfinite(y).all()
         scale = ref.detach().abs().max().item() + 1.0
         assert (y.detach().cpu().double() - ref.detach()).abs().max().item() <= 4 * ftol * scale, pb
@@ -82,6 +99,41 @@ def test_fuzz_group_norm_act(device):
     run()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fuzz_group_norm_act_logsumexp(device):
+    @settings(max_examples=_examples(device, 500, 30), deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(act_problems(), st.booleans())
+    def run(pb, with_input_bias):
+        shape, G = pb["shape"], pb["G"]
+        gen, dtype, x, w, b, stat_rel = _fuzz_inputs(pb, device)
+        ib = (torch.randn(shape[1], generator=gen)).to(device, dtype) if with_input_bias else None
+        leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, ib, w, b)]
+        y = ge.group_norm_act_logsumexp(leaves[0], G, leaves[2], leaves[3], 1e-5, pb["act"], pb["residual"], leaves[1])
+        refs = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, ib, w, b)]
+        v = refs[0] if refs[1] is None else refs[0] + refs[1].view((1, -1) + (1,) * (x.dim() - 2))
+        r = _act(gn_decomposed(v, G, refs[2], refs[3]), pb["act"])
+        ref = torch.logsumexp(r + v if pb["residual"] else r, 1, keepdim=True)
+        ftol, btol = (t + stat_rel for t in TOL[dtype])
+        assert y.shape == ref.shape and torch.isfinite(y).all()
+        # the residual carries |v| (up to 1e4) into the logsumexp: bound relative to its size
+        scale = ref.detach().abs().max().item() + 1.0
+        assert (y.detach().cpu().double() - ref.detach()).abs().max().item() <= 4 * ftol * scale, pb
+        if pb["act"] in KINKED:
+            return
+        dy = torch.randn(y.shape, generator=gen).to(device, dtype)
+        got = [t for t in leaves if t is not None]
+        want = [t for t in refs if t is not None]
+        vg = v.detach().reshape(shape[0], G, -1)
+        rstd_max = (vg.var(-1, unbiased=False) + 1e-5).rsqrt().max().item()
+        floor = 4 * btol * dy.abs().max().item() * rstd_max * (1 + (w.abs().max().item() if w is not None else 0))
+        for g, rr in zip(torch.autograd.grad(y, got, dy), torch.autograd.grad(ref, want, dy.cpu().double())):
+            assert torch.isfinite(g).all()
+            assert rel_err(g.cpu(), rr) <= 4 * btol or (g.cpu().double() - rr).abs().max() <= floor, pb
+
+    run()
+
+
 @st.composite
 def conv_problems(draw):
     groups = draw(st.sampled_from([1, 2]))
@@ -96,7 +148,8 @@ def conv_problems(draw):
     return dict(N=draw(st.integers(1, 2)), cin=cin, cout=cout, H=draw(st.integers(1, 9)), W=draw(st.integers(1, 9)),
                 k=k, stride=stride, padding=padding, output_padding=output_padding, dilation=dilation,
                 groups=groups, G=G, approx=draw(st.sampled_from(["none", "tanh"])), bias=draw(st.booleans()),
-                affine=draw(st.booleans()), cl=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+                affine=draw(st.booleans()), layout=draw(st.sampled_from(["contiguous", "channels_last", "sliced"])),
+                offset=draw(st.sampled_from([0.5, -3.0, 100.0])), seed=draw(st.integers(0, 2**31 - 1)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -106,9 +159,8 @@ def test_fuzz_conv_transpose2d_gelu_group_norm(device):
     @given(conv_problems())
     def run(pb):
         gen = torch.Generator().manual_seed(pb["seed"])
-        fmt = torch.channels_last if pb["cl"] else None
-        x = rand_input((pb["N"], pb["cin"], pb["H"], pb["W"]), torch.float32, device, scale=1.0, offset=0.5,
-                       memory_format=fmt, gen=gen)
+        x = layout_input((pb["N"], pb["cin"], pb["H"], pb["W"]), torch.float32, device, pb["layout"], 1.0,
+                         pb["offset"], gen)
         w = (torch.randn(pb["cin"], pb["cout"] // pb["groups"], pb["k"], pb["k"], generator=gen) * 0.5).to(device)
         cb = (torch.randn(pb["cout"], generator=gen) * 0.5).to(device) if pb["bias"] else None
         gw = (torch.randn(pb["cout"], generator=gen) * 0.5 + 1).to(device) if pb["affine"] else None

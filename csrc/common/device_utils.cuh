@@ -246,8 +246,23 @@ __device__ __forceinline__ float pre_apply_grad(float z, float b, float& a) {
 }
 
 
+// tanh from one exp: sign(x) * (1 - 2 / (exp(2|x|) + 1)). Absolute error ~1e-7, so its relative error
+// grows for |x| << 1: for values that are summed afterwards (the logsumexp kernels), not for outputs.
+__device__ __forceinline__ float tanh_one_exp(float x) {
+  return copysignf(1.f - __fdividef(2.f, __expf(2.f * fabsf(x)) + 1.f), x);
+}
+template <bool Fast>
+__device__ __forceinline__ float tanh_(float x) {
+  if constexpr (Fast) {
+    return tanh_one_exp(x);
+  } else {
+    return tanhf(x);
+  }
+}
+
 // Output activations of group_norm_act (PyTorch's formulas; derivatives as in its backward kernels).
-template <int A>
+// Fast: tanh with an absolute (not relative) error bound of ~1e-7 (tanh_one_exp).
+template <int A, bool Fast = false>
 __device__ __forceinline__ float act_apply(float n) {
   if constexpr (A == kActIdentity) {
     return n;
@@ -256,20 +271,20 @@ __device__ __forceinline__ float act_apply(float n) {
   } else if constexpr (A == kActGelu) {
     return 0.5f * n * (1.f + erff(n * 0.70710678118654752f));
   } else if constexpr (A == kActGeluTanh) {
-    return 0.5f * n * (1.f + tanhf(0.79788456080286536f * (n + 0.044715f * n * n * n)));
+    return 0.5f * n * (1.f + tanh_<Fast>(0.79788456080286536f * (n + 0.044715f * n * n * n)));
   } else if constexpr (A == kActRelu) {
     return n > 0.f ? n : (n == n ? 0.f : n);  // NaN propagates, as torch.relu
   } else if constexpr (A == kActTanh) {
-    return tanhf(n);
+    return tanh_<Fast>(n);
   } else if constexpr (A == kActHardswish) {
     return n * fminf(fmaxf(n + 3.f, 0.f), 6.f) * (1.f / 6.f);
-  } else {
-    const float t = tanhf(n);
-    return t * fminf(fmaxf(t + 3.f, 0.f), 6.f) * (1.f / 6.f);
+  } else {  // |tanh| <= 1: hardswish(t) = t * (t + 3) / 6 (NaN propagates)
+    const float t = tanh_<Fast>(n);
+    return t * (t + 3.f) * (1.f / 6.f);
   }
 }
 
-template <int A>
+template <int A, bool Fast = false>
 __device__ __forceinline__ float act_grad(float n) {
   if constexpr (A == kActIdentity) {
     return 1.f;
@@ -281,19 +296,18 @@ __device__ __forceinline__ float act_grad(float n) {
     return cdf + n * 0.39894228040143268f * __expf(-0.5f * n * n);
   } else if constexpr (A == kActGeluTanh) {
     const float kBeta = 0.79788456080286536f, kKappa = 0.044715f;
-    const float t = tanhf(kBeta * (n + kKappa * n * n * n));
+    const float t = tanh_<Fast>(kBeta * (n + kKappa * n * n * n));
     return 0.5f * (1.f + t) + 0.5f * n * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * n * n);
   } else if constexpr (A == kActRelu) {
     return n > 0.f ? 1.f : 0.f;
   } else if constexpr (A == kActTanh) {
-    const float t = tanhf(n);
+    const float t = tanh_<Fast>(n);
     return 1.f - t * t;
   } else if constexpr (A == kActHardswish) {
     return n < -3.f ? 0.f : (n <= 3.f ? n * (1.f / 3.f) + 0.5f : 1.f);
   } else {
-    const float t = tanhf(n);
-    const float h = t < -3.f ? 0.f : (t <= 3.f ? t * (1.f / 3.f) + 0.5f : 1.f);
-    return h * (1.f - t * t);
+    const float t = tanh_<Fast>(n);  // |t| <= 1: hardswish'(t) = t / 3 + 1 / 2
+    return fmaf(t, 1.f / 3.f, 0.5f) * (1.f - t * t);
   }
 }
 

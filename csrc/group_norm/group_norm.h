@@ -167,6 +167,17 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
     const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro);
 
+// Building blocks for other CUDA ops on gnext's GroupNorm kernels (group_norm_cuda.cpp):
+//  * statistics only: mean, rstd (N, G) float32 of x + shift[c] (shift: float32 (C,) or undefined);
+//    x dense (contiguous or channels_last).
+//  * the backward finalize from per-channel partials (sum dy*(x - mean), sum dy), float2 at
+//    partial[(n*K + k)*C + c]: writes dgamma / dbeta (those given, of one dtype) and returns, if
+//    want_coef, coef (N, C, 4) = (mean, c2, rstd*gamma, c3) with dx = rstd*gamma*dy + c2*(x - mean) + c3.
+std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x, const GNShape& s, const Tensor& shift, double eps);
+Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const GNShape& s, const Tensor& mean,
+                                     const Tensor& rstd, const OptTensor& weight, const OptTensor& dgamma,
+                                     const OptTensor& dbeta, bool want_coef);
+
 // needs_input_grad slot of each Tensor argument of a C++ autograd Function: optional Tensors that are
 // None are not inputs of the node, so the slots of the ones after them shift; -1 for an absent one.
 template <size_t K>

@@ -348,7 +348,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   C10_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, at::kFloat), p, partial_layout(p, rg),
                                              partial.data_ptr<float>(), ptr_or_null(w), ptr_or_null(b),
                                              mean.data_ptr<float>(), rstd.data_ptr<float>(), coef.data_ptr<float>(),
-                                             static_cast<float>(eps), stream));
+                                             static_cast<float>(eps), nullptr, stream));
   C10_CUDA_CHECK(gn::launch_affine(false, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), nullptr, y.data_ptr(),
                                    coef.data_ptr<float>(), pw, stream));
   if (!y.is_same(out)) out.copy_(y);
@@ -426,6 +426,55 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
   }
   return {dx, dgamma, dbeta};
+}
+
+std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const GNShape& s, const Tensor& shift,
+                                                 double eps) {
+  const Problem p = to_problem(s);
+  Tensor mean = at::empty({s.N, s.G}, x_in.options().dtype(at::kFloat));
+  Tensor rstd = at::empty_like(mean);
+  if (x_in.numel() == 0) {
+    fill_empty_stats(mean, rstd);
+    return {mean, rstd};
+  }
+  const bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr()});
+  const Tensor x = nhwc || x_in.is_contiguous() ? x_in : x_in.contiguous();
+  const int V = vector_width(x.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr()});
+  const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
+  Tensor partial = at::empty({s.N * s.C * rg.K * 3}, mean.options());
+  Tensor coef = at::empty({s.N, s.C, 4}, mean.options());
+  auto stream = at::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(gn::launch_reduce(false, scalar_kind(x.scalar_type()), p, rg, x.data_ptr(), nullptr, nullptr,
+                                   partial.data_ptr<float>(), gn::PwArgs{}, stream));
+  C10_CUDA_CHECK(gn::launch_finalize_forward(ScalarKind::Float, p, partial_layout(p, rg), partial.data_ptr<float>(),
+                                             nullptr, nullptr, mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                             coef.data_ptr<float>(), static_cast<float>(eps),
+                                             shift.defined() ? shift.data_ptr<float>() : nullptr, stream));
+  return {mean, rstd};
+}
+
+Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const GNShape& s, const Tensor& mean,
+                                     const Tensor& rstd, const OptTensor& weight, const OptTensor& dgamma,
+                                     const OptTensor& dbeta, bool want_coef) {
+  const Problem p = to_problem(s);
+  const bool need_params = dgamma.has_value() || dbeta.has_value();
+  const OptTensor w = defined(weight) ? OptTensor(weight->contiguous()) : std::nullopt;
+  Tensor dsum = need_params ? at::empty({s.N, s.C, 2}, mean.options()) : Tensor();
+  Tensor coef = want_coef ? at::empty({s.N, s.C, 4}, mean.options()) : Tensor();
+  if (!need_params && !want_coef) return coef;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const PartialLayout L{K, K * s.C, 1, s.C};  // partial[(n * K + k) * C + c], as the NHWC reduction
+  C10_CUDA_CHECK(gn::launch_finalize_backward(param_kind(w, std::nullopt, at::kFloat), p, L, partial.data_ptr<float>(),
+                                              mean.data_ptr<float>(), rstd.data_ptr<float>(), ptr_or_null(w),
+                                              need_params ? dsum.data_ptr<float>() : nullptr,
+                                              want_coef ? coef.data_ptr<float>() : nullptr, stream));
+  if (need_params) {
+    const Tensor& any = dgamma ? *dgamma : *dbeta;
+    C10_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(any.scalar_type()), p, dsum.data_ptr<float>(),
+                                                  rstd.data_ptr<float>(), dgamma ? dgamma->data_ptr() : nullptr,
+                                                  dbeta ? dbeta->data_ptr() : nullptr, stream));
+  }
+  return coef;
 }
 
 namespace {

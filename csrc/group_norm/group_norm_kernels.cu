@@ -46,12 +46,12 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
 
 cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
                                     const void* gamma, const void* beta, float* mean, float* rstd, float* coef,
-                                    float eps, cudaStream_t stream) {
+                                    float eps, const float* shift, cudaStream_t stream) {
   return with_scalar(wt, [&](auto wtag) {
     using W = decltype(wtag);
     finalize_forward_kernel<W><<<p.N * p.G, 256, 0, stream>>>(
         reinterpret_cast<const WelfordState*>(partial), L, static_cast<const W*>(gamma), static_cast<const W*>(beta),
-        mean, rstd, reinterpret_cast<float4*>(coef), p.C, p.G, eps);
+        mean, rstd, reinterpret_cast<float4*>(coef), p.C, p.G, eps, shift);
     return cudaGetLastError();
   });
 }

@@ -202,14 +202,17 @@ template <typename W>
 __global__ void __launch_bounds__(256)
     finalize_forward_kernel(const WelfordState* __restrict__ partial, PartialLayout L, const W* __restrict__ gamma,
                             const W* __restrict__ beta, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                            float4* __restrict__ coef, int64_t C, int64_t G, float eps) {
+                            float4* __restrict__ coef, int64_t C, int64_t G, float eps,
+                            const float* __restrict__ shift) {
   __shared__ WelfordState scratch[33];
   const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, D = C / G;
   const WelfordState* p = partial + n * L.s_n + g * D * L.s_c;
   WelfordState s = WelfordOp::identity();
   for (int64_t j = threadIdx.x; j < D * L.K; j += blockDim.x) {
     const int64_t d = j / L.K, k = j - d * L.K;
-    s = welford_merge(s, p[d * L.s_c + k * L.s_k]);
+    WelfordState q = p[d * L.s_c + k * L.s_k];
+    if (shift) q.mean += shift[g * D + d];
+    s = welford_merge(s, q);
   }
   s = block_reduce<WelfordOp>(s, scratch);
   const float var = fmaxf(s.m2 / s.n, 0.f);

@@ -113,9 +113,11 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
                           const void* dy, const float* mean, float* partial, const PwArgs& pw,
                           cudaStream_t stream);
 // mean/rstd per (n, g) and coef = (mean, rstd*gamma, 0, beta) per (n, c). wt: gamma/beta type.
+// shift (float32 (C,) or null): statistics of x + shift[c] from the partials of x (a Welford state
+// shifts by its mean).
 cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
                                     const void* gamma, const void* beta, float* mean, float* rstd, float* coef,
-                                    float eps, cudaStream_t stream);
+                                    float eps, const float* shift, cudaStream_t stream);
 // dsum (n, c) = (sum dy*(x-mean), sum dy) if non-null; coef = (mean, c2, rstd*gamma, c3) if non-null.
 cudaError_t launch_finalize_backward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
                                      const float* mean, const float* rstd, const void* gamma, float* dsum, float* coef,

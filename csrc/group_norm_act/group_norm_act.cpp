@@ -26,11 +26,6 @@ int parse_activation(const char* op, c10::string_view activation) {
               "tanh_hardswish; got '", std::string(activation), "'");
 }
 
-namespace {
-
-constexpr const char* kOp = "gnext.group_norm_act";
-constexpr const char* kBwdOp = "gnext.group_norm_act_backward";
-
 Tensor apply_act(const Tensor& n, int act) {
   switch (act) {
     case kActSilu:
@@ -75,6 +70,11 @@ Tensor act_backward(const Tensor& g, const Tensor& n, int act) {
       return g;
   }
 }
+
+namespace {
+
+constexpr const char* kOp = "gnext.group_norm_act";
+constexpr const char* kBwdOp = "gnext.group_norm_act_backward";
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_act_cpu(const Tensor& input, int64_t num_groups,
                                                       const OptTensor& weight, const OptTensor& bias, double eps,

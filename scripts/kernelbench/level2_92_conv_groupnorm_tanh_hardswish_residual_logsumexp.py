@@ -1,9 +1,12 @@
 """KernelBench level 2 #92: Conv2d(8 -> 64, k3) + GroupNorm(16) + Tanh + HardSwish + residual add +
 LogSumExp over channels, 128x8x128x128 float32.
 
-Model is the reference; ModelNew keeps the conv in ATen/cuDNN and runs GroupNorm + tanh + hardswish +
-the residual add as ONE gnext op (torch.ops.gnext.group_norm_act with activation "tanh_hardswish" and
-residual = the conv output), then torch.logsumexp. Same parameters and state_dict keys as Model.
+Model is the reference; ModelNew keeps the conv in ATen/cuDNN (without its bias, in channels_last on
+CUDA: 0.39 ms there vs 1.10 ms for NCHW with bias on the H100) and runs everything after it - conv bias,
+GroupNorm, tanh, hardswish, the residual add and the logsumexp over channels - as ONE gnext op,
+torch.ops.gnext.group_norm_act_logsumexp: GroupNorm statistics, then one kernel that reduces each
+pixel's 64 channels, so the 64-channel result is never written. Same parameters and state_dict keys
+as Model.
 Run this file to check ModelNew against Model on 5 random inputs (output and gradients).
 """
 import os
@@ -11,6 +14,7 @@ import sys
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import groupnorm_ext  # noqa: F401  (registers torch.ops.gnext)
 
@@ -35,14 +39,16 @@ class Model(nn.Module):
 
 
 class ModelNew(Model):
-    """GroupNorm + tanh + hardswish + residual in one gnext op (same parameters and state_dict keys)."""
+    """Conv (no bias) + one gnext op for bias, GroupNorm, tanh, hardswish, residual and logsumexp."""
 
     def forward(self, x):
-        x_conv = self.conv(x)
-        g = self.group_norm
-        x_res = torch.ops.gnext.group_norm_act(x_conv, g.num_groups, g.weight, g.bias, g.eps, "tanh_hardswish",
-                                               x_conv)[0]
-        return torch.logsumexp(x_res, dim=1, keepdim=True)
+        conv, g = self.conv, self.group_norm
+        w = conv.weight
+        if x.is_cuda:  # cuDNN's channels_last kernels are the fast ones for C_in = 8
+            x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+        z = F.conv2d(x, w, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+        return torch.ops.gnext.group_norm_act_logsumexp(z, conv.bias, g.num_groups, g.weight, g.bias, g.eps,
+                                                        "tanh_hardswish", True)[0]
 
 
 batch_size = 128
