@@ -185,9 +185,20 @@ def test_fuzz_conv_transpose2d_gelu_group_norm(device):
         want = torch.autograd.grad(ref, [t for t in refs if t is not None], dy.cpu().double())
         ag = a.detach().reshape(a.shape[0], pb["G"], -1)
         rstd_max = (ag.var(-1, unbiased=False) + 1e-5).rsqrt().max().item()  # near-constant groups amplify
-        for g, r in zip(got, want):
+        # PyTorch's own float32 unfused model (its native GroupNorm kernels, which use the same analytic
+        # backward with a float32 mean) on the same inputs: large GN-input means (offset 100) make the
+        # float32 gradients cancellation-dominated; gnext must be within 4x of PyTorch's error there.
+        f32 = [t.detach().cpu().float().requires_grad_() if t is not None else None for t in (x, w, cb, gw, gb)]
+        z32 = F.conv_transpose2d(f32[0], f32[1], f32[2], pb["stride"], pb["padding"], pb["output_padding"],
+                                 pb["groups"], pb["dilation"])
+        gn32 = F.group_norm if z32[0].numel() > pb["G"] else gn_decomposed  # F.group_norm: > 1 value per group
+        ref32 = gn32(F.gelu(z32, approximate=pb["approx"]), pb["G"], f32[3], f32[4])
+        torch_grads = torch.autograd.grad(ref32, [t for t in f32 if t is not None], dy.cpu())
+        for g, r, t32 in zip(got, want, torch_grads):
             floor = 1e-5 * rstd_max * (r.abs().max().item() + dy.abs().max().item() + 1)
-            assert rel_err(g.cpu(), r) <= 1e-3 or (g.cpu().double() - r).abs().max() <= floor, pb
+            err = (g.cpu().double() - r).abs().max().item()
+            torch_err = (t32.double() - r).abs().max().item()
+            assert rel_err(g.cpu(), r) <= 1e-3 or err <= floor or err <= 4 * torch_err, (pb, err, torch_err)
 
     run()
 

@@ -232,15 +232,17 @@ __device__ __forceinline__ float pre_apply_grad(float z, float b, float& a) {
     a = z;
     return 1.f;
   } else if constexpr (P == kPreBiasGelu) {
+    // a by pre_apply's exact expression: the backward's a must equal the forward's bit for bit, or the
+    // GroupNorm backward's cancellations (sum of dx over a group = 0) break when |mean| >> std.
     const float u = z + b;
+    a = pre_apply<P>(z, b);
     const float cdf = 0.5f * (1.f + erff(u * 0.70710678118654752f));
-    a = u * cdf;
     return cdf + u * 0.39894228040143268f * __expf(-0.5f * u * u);
   } else {
     const float u = z + b;
     const float kBeta = 0.79788456080286536f, kKappa = 0.044715f;
     const float t = tanhf(kBeta * (u + kKappa * u * u * u));
-    a = 0.5f * u * (1.f + t);
+    a = pre_apply<P>(z, b);
     return 0.5f * (1.f + t) + 0.5f * u * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * u * u);
   }
 }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# sdist -> wheel -> fresh virtual environment -> GPU test suite against the INSTALLED wheel (issue 6).
+#   OUT=dir bash scripts/wheel_check.sh        (on the GPU machine; needs torch, build, pytest there)
+# 1. python -m build --sdist from this checkout (MANIFEST.in decides what ships);
+# 2. the wheel is built from the unpacked sdist alone (pip wheel, no build isolation: torch is the
+#    build dependency, and the machine has no network);
+# 3. a fresh venv gets only that wheel; torch and the test tools come from the interpreter's existing
+#    site-packages through a .pth file (no network to install them again);
+# 4. the package's source directory is removed from the unpacked sdist, so the tests (run from the
+#    sdist's copy of tests/) can only import the installed wheel; `python -m groupnorm_ext --info`
+#    and the GPU test suite run against it.
+set -euo pipefail
+OUT=${OUT:-$PWD/wheel_out}
+mkdir -p "$OUT"
+work=$(mktemp -d)
+py=$(command -v python3)
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+[ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc  # see device_run.sh
+"$py" -P -m build --sdist --no-isolation --outdir "$work/dist" . > "$OUT/sdist.log" 2>&1
+sdist=$(ls "$work"/dist/gnext-*.tar.gz)
+echo "sdist: $(basename "$sdist") ($(tar tzf "$sdist" | grep -c '^gnext-[^/]*/csrc/') csrc entries)"
+tar xzf "$sdist" -C "$work"
+src=$(ls -d "$work"/gnext-*/)
+t0=$SECONDS
+(cd "$src" && "$py" -m pip wheel --no-build-isolation --no-deps -w "$work/wheels" . > "$OUT/wheel_build.log" 2>&1)
+whl=$(ls "$work"/wheels/gnext-*.whl)
+echo "wheel: $(basename "$whl") built from the sdist in $((SECONDS - t0)) s"
+"$py" -m venv "$work/venv"
+site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$py" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/_host_packages.pth"
+"$work/venv/bin/python" -m pip install -q --no-deps --no-index "$whl"
+rm -rf "$src/groupnorm_ext" "$src/build"
+cd "$src"
+"$work/venv/bin/python" -c 'import groupnorm_ext, torch; print("imported", groupnorm_ext.__file__, "torch", torch.__version__)'
+"$work/venv/bin/python" -m groupnorm_ext --info
+set +e
+timeout ${TEST_TIMEOUT:-400} "$work/venv/bin/python" -P -m pytest -q -p no:cacheprovider tests > "$OUT/pytest_wheel.log" 2>&1
+echo "pytest against the installed wheel rc=$?: $(tail -1 "$OUT/pytest_wheel.log")"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest_wheel.log" | head -10
+# SANITIZE_ONLY=lse: compute-sanitizer's four tools over those cases of scripts/sanitize_cases.py, on the wheel
+if [ -n "${SANITIZE_ONLY:-}" ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    extra=(--kernel-name kns=gnext)
+    [ "$tool" = initcheck ] && extra=()
+    GNEXT_SANITIZE_ONLY=$SANITIZE_ONLY timeout 120 compute-sanitizer --tool "$tool" "${extra[@]}" \
+      "$work/venv/bin/python" -P scripts/sanitize_cases.py > "$OUT/sanitize_${SANITIZE_ONLY}_$tool.log" 2>&1
+    echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${SANITIZE_ONLY}_$tool.log" | tail -1)"
+  done
+fi
+exit 0
