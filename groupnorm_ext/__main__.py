@@ -44,7 +44,8 @@ def info() -> int:
 
         import torch.ops  # noqa: F401
 
-        names = [n for n in ("group_norm", "group_norm_act", "conv_transpose2d_gelu_group_norm")
+        names = [n for n in ("group_norm", "group_norm_act", "group_norm_act_logsumexp",
+                             "conv_transpose2d_gelu_group_norm")
                  if hasattr(torch.ops.gnext, n)]
         print(f"  library loaded: torch.ops.gnext.{{{', '.join(names)}}}")
     except Exception as e:  # noqa: BLE001  (report any load failure)

@@ -16,6 +16,20 @@ sys.path.insert(0, os.path.dirname(__file__) + "/..")
 import groupnorm_ext as ge  # noqa: E402
 
 
+class LseHead(nn.Module):
+    """GroupNorm + tanh_hardswish + residual + logsumexp over channels (group_norm_act_logsumexp)."""
+
+    def __init__(self, C, G):
+        super().__init__()
+        self.norm = nn.GroupNorm(G, C)
+        self.bias = nn.Parameter(torch.randn(C) * 0.1)
+
+    def forward(self, x):
+        n = self.norm
+        return ge.group_norm_act_logsumexp(x, n.num_groups, n.weight, n.bias, n.eps, "tanh_hardswish", True,
+                                           self.bias)
+
+
 def make_model():
     torch.manual_seed(0)
     return nn.Sequential(
@@ -23,7 +37,8 @@ def make_model():
         ge.GroupNormAct(8, 32, activation="silu"),
         ge.ConvTranspose2dGELUGroupNorm(32, 16, 3, num_groups=4, stride=2, padding=1, output_padding=1),
         ge.GroupNorm(4, 16),
-        nn.Conv2d(16, 1, 1),
+        nn.Conv2d(16, 8, 1),
+        LseHead(8, 4),
     )
 
 

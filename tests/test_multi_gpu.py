@@ -19,9 +19,10 @@ def _all_ops(x, wc, gw, gb, res):
     y1 = ge.group_norm(x_, 4, gw_, gb_)
     y2 = ge.group_norm_act(x_, 4, gw_, gb_, 1e-5, "silu", res_)
     y3 = ge.conv_transpose2d_gelu_group_norm(x_, wc_, None, 4, gw_, gb_, stride=2, padding=1, output_padding=1)
-    loss = (y1 * y1).sum() + (y2 * y1).sum() + (y3 * y3).sum()
+    y4 = ge.group_norm_act_logsumexp(x_, 4, gw_, gb_, 1e-5, "tanh_hardswish", True, input_bias=gb_)
+    loss = (y1 * y1).sum() + (y2 * y1).sum() + (y3 * y3).sum() + (y4 * y4).sum()
     grads = torch.autograd.grad(loss, leaves)
-    return [y1, y2, y3, *grads]
+    return [y1, y2, y3, y4, *grads]
 
 
 def _inputs(device, gen):
@@ -92,6 +93,8 @@ def test_inputs_on_different_gpus_raise():
         ge.group_norm_act(x, 4, None, w1, 1e-5, "silu")
     with pytest.raises(RuntimeError, match=r"residual is on cuda:1 but input is on cuda:0"):
         ge.group_norm_act(x, 4, None, None, 1e-5, "silu", x.to("cuda:1"))
+    with pytest.raises(RuntimeError, match=r"input_bias is on cuda:1 but input is on cuda:0"):
+        ge.group_norm_act_logsumexp(x, 4, input_bias=w1)
     with pytest.raises(RuntimeError, match=r"weight is on cuda:1 but input is on cuda:0"):
         ge.conv_transpose2d_gelu_group_norm(x, torch.randn(8, 8, 3, 3, device="cuda:1"), None, 4)
     _, mean, rstd = torch.ops.gnext.group_norm(x, 4, None, None, 1e-5)
