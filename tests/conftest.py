@@ -87,6 +87,17 @@ def reference(x, num_groups, weight, bias, eps, dy=None):
     return y.detach(), next(it), next(it) if wd is not None else None, next(it) if bd is not None else None
 
 
+def act_ref(n, act):
+    """The activations of group_norm_act by name, as PyTorch computes them."""
+    import torch.nn.functional as F
+
+    return {
+        "identity": lambda t: t, "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+        "relu": F.relu, "tanh": torch.tanh, "hardswish": F.hardswish,
+        "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t)),
+    }[act](n)
+
+
 def gn_decomposed(x, G, w, b, eps=1e-5):
     """GroupNorm from elementary ops, differentiable by autograd in any dtype. Unlike F.group_norm it
     accepts groups of one value, and its backward works for weight=None with a bias on torch 2.11

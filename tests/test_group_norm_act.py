@@ -12,24 +12,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import groupnorm_ext as ge
-from conftest import BWD_TOL, DEVICES, FWD_TOL, poison, rand_input, rel_err
+from conftest import BWD_TOL, DEVICES, FWD_TOL, act_ref, poison, rand_input, rel_err
 
 CL = torch.channels_last
 ACTS = list(ge.functional.ACTIVATIONS)
 
 
-def _act_ref(n, act):
-    return {
-        "identity": lambda t: t, "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-        "relu": F.relu, "tanh": torch.tanh, "hardswish": F.hardswish,
-        "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t)),
-    }[act](n)
-
-
 def _reference(x, G, w, b, res, act, dy):
     leaves = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, w, b, res)]
     xd, wd, bd, rd = leaves
-    y = _act_ref(F.group_norm(xd, G, wd, bd, 1e-5), act)
+    y = act_ref(F.group_norm(xd, G, wd, bd, 1e-5), act)
     if rd is not None:
         y = y + rd
     present = [t for t in leaves if t is not None]

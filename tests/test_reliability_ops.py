@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import groupnorm_ext as ge
-from conftest import DEVICES, LAYOUTS, gn_decomposed, layout_input, rand_input, rel_err
+from conftest import DEVICES, LAYOUTS, act_ref, gn_decomposed, layout_input, rand_input, rel_err
 
 SMOOTH = ["identity", "silu", "gelu", "gelu_tanh", "tanh"]  # act' continuous: backward fuzzed
 KINKED = ["relu", "hardswish", "tanh_hardswish"]  # act' jumps (0, +-3): forward fuzzed only
@@ -22,12 +22,6 @@ TOL = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 1e-2), torch.bfloat16:
 
 def _examples(device, cuda_default, cpu_default):
     return int(os.environ.get("GNEXT_FUZZ_EXAMPLES_OPS", cuda_default if device == "cuda" else cpu_default))
-
-
-def _act(n, act):
-    return {"identity": lambda t: t, "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-            "relu": F.relu, "tanh": torch.tanh, "hardswish": F.hardswish,
-            "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t))}[act](n)
 
 
 EPS32 = 2.0**-24
@@ -76,7 +70,7 @@ def test_fuzz_group_norm_act(device):
         leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w, b, res)]
         y = ge.group_norm_act(leaves[0], G, leaves[1], leaves[2], 1e-5, pb["act"], leaves[3])
         refs = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, w, b, res)]
-        ref = _act(gn_decomposed(refs[0], G, refs[1], refs[2]), pb["act"])
+        ref = act_ref(gn_decomposed(refs[0], G, refs[1], refs[2]), pb["act"])
         if refs[3] is not None:
             ref = ref + refs[3]
         ftol, btol = (t + stat_rel for t in TOL[dtype])
@@ -112,7 +106,7 @@ def test_fuzz_group_norm_act_logsumexp(device):
         y = ge.group_norm_act_logsumexp(leaves[0], G, leaves[2], leaves[3], 1e-5, pb["act"], pb["residual"], leaves[1])
         refs = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, ib, w, b)]
         v = refs[0] if refs[1] is None else refs[0] + refs[1].view((1, -1) + (1,) * (x.dim() - 2))
-        r = _act(gn_decomposed(v, G, refs[2], refs[3]), pb["act"])
+        r = act_ref(gn_decomposed(v, G, refs[2], refs[3]), pb["act"])
         ref = torch.logsumexp(r + v if pb["residual"] else r, 1, keepdim=True)
         ftol, btol = (t + stat_rel for t in TOL[dtype])
         assert y.shape == ref.shape and torch.isfinite(y).all()

@@ -20,6 +20,9 @@ struct GNShape {
 };
 
 inline bool defined(const OptTensor& t) { return t.has_value() && t->defined(); }
+// Saved-tensor conversions of the C++ autograd Functions: undefined <-> nullopt.
+inline OptTensor as_opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+inline Tensor or_undef(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
 inline bool is_supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;

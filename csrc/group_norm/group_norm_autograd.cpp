@@ -32,8 +32,6 @@ const c10::TypedOperatorHandle<BackwardSig>& backward_op() {
   return op;
 }
 
-OptTensor as_opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
 class GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
  public:
@@ -41,7 +39,7 @@ class GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
                                const OptTensor& weight, const OptTensor& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, mean, rstd] = forward_op().call(input, num_groups, weight, bias, eps);
-    ctx->save_for_backward({input, or_undefined(weight), mean, rstd});
+    ctx->save_for_backward({input, or_undef(weight), mean, rstd});
     ctx->saved_data["num_groups"] = num_groups;
     ctx->saved_data["has_bias"] = defined(bias);
     if (defined(bias)) ctx->saved_data["bias_dtype"] = bias->scalar_type();
@@ -62,9 +60,9 @@ class GroupNormFunction : public torch::autograd::Function<GroupNormFunction> {
     if (!grads[0].defined() || !(mask[0] || mask[1] || mask[2])) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
     auto [dx, dw, db] = backward_op().call(grads[0], input, mean, rstd, as_opt(weight),
                                            ctx->saved_data["num_groups"].toInt(), mask);
-    Tensor dbias = or_undefined(db);
+    Tensor dbias = or_undef(db);
     if (dbias.defined()) dbias = dbias.to(ctx->saved_data["bias_dtype"].toScalarType());
-    return {or_undefined(dx), Tensor(), or_undefined(dw), dbias, Tensor()};
+    return {or_undef(dx), Tensor(), or_undef(dw), dbias, Tensor()};
   }
 };
 

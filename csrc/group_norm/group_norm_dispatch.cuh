@@ -33,19 +33,21 @@ cudaError_t with_vec(int vec, F&& f) {
   return f(std::integral_constant<int, 16 / sizeof(T)>{});
 }
 
-// Pointwise mode (pw_mode in common/pointwise.h) as a compile-time constant: all kPwModes, or only
-// the prologue modes (kernels that an output activation does not change: the forward reduction).
-template <int M, typename F>
-cudaError_t with_pw_from(int mode, F& f) {
-  if constexpr (M == kPwModes) {
+// A runtime value in [M, End) as a compile-time constant: f(std::integral_constant<int, value>).
+template <int M, int End, typename F>
+cudaError_t with_int(int value, F& f) {
+  if constexpr (M == End) {
     return cudaErrorInvalidValue;
   } else {
-    return mode == M ? f(std::integral_constant<int, M>{}) : with_pw_from<M + 1>(mode, f);
+    return value == M ? f(std::integral_constant<int, M>{}) : with_int<M + 1, End>(value, f);
   }
 }
+
+// Pointwise mode (pw_mode in common/pointwise.h) as a compile-time constant: all kPwModes, or only
+// the prologue modes (kernels that an output activation does not change: the forward reduction).
 template <typename F>
 cudaError_t with_pw(int mode, F&& f) {
-  return with_pw_from<0>(mode, f);
+  return with_int<0, kPwModes>(mode, f);
 }
 template <typename F>
 cudaError_t with_pw_pre(int mode, F&& f) {

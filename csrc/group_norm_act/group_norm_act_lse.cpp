@@ -148,8 +148,6 @@ const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
   return op;
 }
 
-OptTensor as_opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-Tensor or_undef(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
 class LseFunction : public torch::autograd::Function<LseFunction> {
  public:

@@ -58,6 +58,20 @@ __device__ __forceinline__ float lse_r(float z, const float4& q, bool residual, 
 template <int PHASE>
 constexpr int kAccFloats = PHASE == kLseGradStats ? 2 : 1;
 
+// The CTA's per-channel sums: `rows` rows of C * kAcc floats in shared memory, added in row order
+// (deterministic) into partial[((n * K + k) * C + c) * kAcc + i], this CTA being n * K + k.
+template <int kAcc>
+__device__ __forceinline__ void write_partials(const float* acc, int rows, int C, float* partial) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    for (int i = 0; i < kAcc; ++i) {
+      float t = acc[c * kAcc + i];
+      for (int w = 1; w < rows; ++w) t += acc[(w * C + c) * kAcc + i];
+      partial[(row + c) * kAcc + i] = t;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Any layout (sC, sP), one thread per pixel looping over the channels (NCHW: coalesced across the
 // warp's pixels). Per-channel sums: warp shuffles, then per-warp rows in shared memory.
@@ -126,14 +140,7 @@ __global__ void __launch_bounds__(kLseThreads) lse_pixel_kernel(const LseArgs a)
   }
   if (!sums) return;
   __syncthreads();
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * C;  // (n * K + k) * C
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    for (int i = 0; i < kAcc; ++i) {
-      float t = acc[c * kAcc + i];
-      for (int w = 1; w < nwarps; ++w) t += acc[(w * C + c) * kAcc + i];
-      a.partial[row * kAcc + c * kAcc + i] = t;
-    }
-  }
+  write_partials<kAcc>(acc, nwarps, C, a.partial);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -230,23 +237,7 @@ __global__ void __launch_bounds__(kLseThreads) lse_lanes_kernel(const LseArgs a)
     }
   }
   __syncthreads();
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * C;  // (n * K + k) * C
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    for (int i = 0; i < kAcc; ++i) {
-      float t = acc[c * kAcc + i];
-      for (int w = 1; w < slots; ++w) t += acc[(w * C + c) * kAcc + i];
-      a.partial[row * kAcc + c * kAcc + i] = t;
-    }
-  }
-}
-
-template <int A, typename F>
-cudaError_t with_act_from(int act, F& f) {
-  if constexpr (A == kActCount) {
-    return cudaErrorInvalidValue;
-  } else {
-    return act == A ? f(std::integral_constant<int, A>{}) : with_act_from<A + 1>(act, f);
-  }
+  write_partials<kAcc>(acc, slots, C, a.partial);
 }
 
 }  // namespace
@@ -279,7 +270,7 @@ cudaError_t launch_lse(int phase, const LseArgs& a, cudaStream_t stream) {
       }
       return cudaErrorInvalidValue;
     };
-    return with_act_from<0>(a.act, by_act);
+    return gn::with_int<0, kActCount>(a.act, by_act);
   });
 }
 
