@@ -152,6 +152,7 @@ __device__ __forceinline__ WelfordState shfl_xor(const WelfordState& s, int mask
   return {__shfl_xor_sync(0xffffffffu, s.mean, mask), __shfl_xor_sync(0xffffffffu, s.m2, mask),
           __shfl_xor_sync(0xffffffffu, s.n, mask)};
 }
+__device__ __forceinline__ float shfl_xor(float s, int mask) { return __shfl_xor_sync(0xffffffffu, s, mask); }
 __device__ __forceinline__ float2 shfl_xor(const float2& s, int mask) {
   return {__shfl_xor_sync(0xffffffffu, s.x, mask), __shfl_xor_sync(0xffffffffu, s.y, mask)};
 }
@@ -160,6 +161,11 @@ struct WelfordOp {
   using T = WelfordState;
   __device__ static T identity() { return {0.f, 0.f, 0.f}; }
   __device__ static T combine(const T& a, const T& b) { return welford_merge(a, b); }
+};
+struct SumOp {
+  using T = float;
+  __device__ static T identity() { return 0.f; }
+  __device__ static T combine(const T& a, const T& b) { return a + b; }
 };
 struct Sum2Op {
   using T = float2;

@@ -11,12 +11,6 @@ namespace gnext {
 namespace lse {
 namespace {
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int mask = 16; mask > 0; mask >>= 1) v += __shfl_xor_sync(0xffffffffu, v, mask);
-  return v;
-}
-
 // Online logsumexp state (m, s): logsumexp = m + log(s). One exp per element; r == m covers
 // +inf == +inf (torch.logsumexp gives +inf there), a NaN r makes s NaN.
 __device__ __forceinline__ void lse_update(float r, float& m, float& s) {
@@ -129,7 +123,7 @@ __global__ void __launch_bounds__(kLseThreads) lse_pixel_kernel(const LseArgs a)
           const float d = fmaf(kc.z, dy, fmaf(kc.y, xm, kc.w)) + (a.residual ? dr : 0.f);
           if (active) dx[off + c * a.sC] = static_cast<T>(d);
           if (sums) {
-            const float t = warp_sum(active ? d : 0.f);
+            const float t = warp_reduce<SumOp>(active ? d : 0.f);
             if (lane == 0) acc[warp * C + c] += t;
           }
         }
