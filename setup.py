@@ -8,8 +8,11 @@ Environment variables:
 
 The module uses only the CPython limited API, so the wheel is tagged abi3: one wheel for every
 CPython from the oldest one torch supports (3.10 for torch 2.14: torch compiles the extension with
--DPy_LIMITED_API=0x030A0000), though still tied to the torch release it was built against. The build
-records what it was built with in groupnorm_ext/_build_info.py (`python -m groupnorm_ext --info`).
+-DPy_LIMITED_API=0x030A0000). Its C++ calls libtorch only through PyTorch's stable ABI (LibTorch
+stable C shim, torch/csrc/stable) at TORCH_TARGET_VERSION 2.11, so one build loads on every torch
+release from 2.11 on, whichever torch >= 2.11 it was built against; the build refuses a module that
+still references libtorch/c10 C++ symbols. CPU kernels and autograd are Python (groupnorm_ext/). The
+build records what it was built with in groupnorm_ext/_build_info.py (`python -m groupnorm_ext --info`).
 """
 import glob
 import os
@@ -39,6 +42,9 @@ def pip_cuda_include_dirs():
 
 
 VERSION = "0.1.0"
+# Oldest torch the stable-ABI build supports (TORCH_TARGET_VERSION, encoded as in torch/headeronly/version.h).
+TORCH_TARGET = (2, 11)
+TARGET_MACRO = f"-DTORCH_TARGET_VERSION=0x{TORCH_TARGET[0]:02x}{TORCH_TARGET[1]:02x}000000000000ULL"
 
 
 def write_build_info(use_cuda):
@@ -48,6 +54,7 @@ def write_build_info(use_cuda):
         "version": VERSION,
         "torch": torch.__version__.split("+")[0],
         "torch_full": torch.__version__,
+        "torch_min": ".".join(map(str, TORCH_TARGET)),
         "cuda": torch.version.cuda if use_cuda else None,
         "cuda_archs": os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split() if use_cuda else [],
     }
@@ -60,16 +67,19 @@ def extension():
     rel = lambda paths: sorted(os.path.relpath(p, ROOT) for p in paths)  # noqa: E731
     cpp = rel(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True))
     cu = rel(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cu"), recursive=True))
-    cxx = ["-O3"]
+    # Hidden visibility: the module exports only PyInit__C (torch::stable types are hidden too).
+    cxx = ["-O3", "-fvisibility=hidden", TARGET_MACRO]
     use_cuda = os.environ.get("GNEXT_CPU_ONLY", "0") != "1" and CUDA_HOME is not None
     if not use_cuda:
+        # Only the schema: the CPU kernels are Python (groupnorm_ext/_cpu.py).
         print("gnext: building CPU-only (no CUDA toolkit or GNEXT_CPU_ONLY=1)")
-        cpp = [f for f in cpp if not f.endswith("_cuda.cpp")]
+        cpp = [os.path.join("csrc", "gnext.cpp")]
         write_build_info(False)
         return CppExtension("groupnorm_ext._C", cpp, extra_compile_args={"cxx": cxx},
                             py_limited_api=True)  # torch adds -DPy_LIMITED_API (3.10)
     write_build_info(True)
-    nvcc = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-v"
+    cxx.append("-DUSE_CUDA")  # the CUDA entry points of the stable C shim
+    nvcc = ["-O3", TARGET_MACRO, "-Xcompiler=-fvisibility=hidden", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-v"
             if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]
     return CUDAExtension(
         "groupnorm_ext._C",
@@ -80,21 +90,37 @@ def extension():
     )
 
 
+# Mangled-name prefixes of libtorch / c10 C++ symbols (namespaces at, c10, torch, caffe2): an
+# undefined reference to one ties the module to the torch release it was built against.
+UNSTABLE_PREFIXES = ("_ZN2at", "_ZN3c10", "_ZN5torch", "_ZN6caffe2", "_ZNK2at", "_ZNK3c10", "_ZNK5torch")
+
+
+def unstable_symbols(path):
+    """libtorch/c10 C++ symbols the module leaves undefined (none for a stable-ABI build)."""
+    out = subprocess.run(["nm", "-D", "--undefined-only", path], capture_output=True, text=True).stdout
+    names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(UNSTABLE_PREFIXES)]
+
+
 class BuildExt(BuildExtension.with_options(use_ninja=True)):
     """Refuses an extension that carries its own copy of libstdc++ (a toolchain linking it
-    statically): two libstdc++ copies in one process crash on the first C++ error message."""
+    statically: two libstdc++ copies in one process crash on the first C++ error message), and one
+    that references libtorch's C++ API instead of the stable C shim."""
 
     def build_extension(self, ext):
         super().build_extension(ext)
         path = self.get_ext_fullpath(ext.name)
         try:
             syms = subprocess.run(["nm", "--defined-only", path], capture_output=True, text=True).stdout
+            bad = unstable_symbols(path)
         except OSError:
             return
         if "_ZNSt8ios_base4InitC1Ev" in syms or "_ZNSt6locale7classicEv" in syms:
             raise RuntimeError(
                 f"{path} links libstdc++ statically (compiler {os.environ.get('CXX', 'c++')}). "
                 "Build with a compiler that links it dynamically, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc.")
+        if bad:
+            raise RuntimeError(f"{path} references libtorch C++ symbols outside the stable ABI: {bad[:10]}")
 
 
 setup(
@@ -106,5 +132,5 @@ setup(
     cmdclass={"build_ext": BuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
     python_requires=">=3.10",
-    install_requires=["torch>=2.4"],
+    install_requires=[f"torch>={TORCH_TARGET[0]}.{TORCH_TARGET[1]}"],
 )

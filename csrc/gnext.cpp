@@ -1,11 +1,11 @@
 // The one schema file of gnext: every operator's signature lives here.
-// Implementations register themselves per dispatch key next to their kernels
-// (csrc/<op family>/*_cpu.cpp, *_cuda.cu); fake (meta) kernels and autograd are
-// registered from Python in groupnorm_ext/_ops.py.
+// The CUDA implementations register themselves next to their host glue (csrc/<op family>/*_cuda.cpp);
+// CPU kernels, autograd and fake (meta) kernels are registered from Python (groupnorm_ext/_cpu.py,
+// _autograd.py, _ops.py). Everything in C++ goes through PyTorch's stable ABI (common/stable.h).
 #include <Python.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
-TORCH_LIBRARY(gnext, m) {
+STABLE_TORCH_LIBRARY(gnext, m) {
   // GroupNorm forward (Wu & He 2018). input (N, C, *); mean/rstd are (N, G) float32.
   m.def(
       "group_norm(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps)"
@@ -49,7 +49,7 @@ TORCH_LIBRARY(gnext, m) {
 
 // An importable (empty) Python module, so `import groupnorm_ext._C` loads this
 // library and runs the registrations above.
-extern "C" PyObject* PyInit__C(void) {
+extern "C" __attribute__((visibility("default"))) PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   return PyModule_Create(&module_def);
 }

@@ -9,7 +9,8 @@ Importing this package loads the compiled library, which registers
 * ``torch.ops.gnext.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation,
   residual)`` and its backward (KernelBench L2#92 after the conv)
 
-with CPU and CUDA kernels, C++ autograd and fake kernels (``_ops.py``).
+with CUDA kernels (C++ on PyTorch's stable ABI: one build loads on every torch >= 2.11), CPU kernels
+(``_cpu.py``), autograd (``_autograd.py``) and fake kernels (``_ops.py``).
 """
 from ._ops import ops
 from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp

@@ -1,5 +1,6 @@
 """``python -m groupnorm_ext --info``: what this gnext build was compiled with and whether it can run
-here (torch release match, CUDA, GPU architecture). Exit status 0 when the ops can run on this
+here (torch release, CUDA, GPU architecture). The compiled module uses PyTorch's stable ABI, so it
+runs on every torch release from the build's `torch_min` on, not only the one it was built against. Exit status 0 when the ops can run on this
 machine's GPU (or, without a GPU, on the CPU), 1 otherwise."""
 from __future__ import annotations
 
@@ -35,10 +36,15 @@ def info() -> int:
           f"archs {' '.join(BUILD_INFO.get('cuda_archs', [])) or '-'}")
     print(f"  running torch {torch.__version__} (CUDA {torch.version.cuda}), Python {sys.version.split()[0]}")
     ok = True
-    if BUILD_INFO.get("torch") and torch.__version__.split("+")[0] != BUILD_INFO["torch"]:
-        print(f"  WARNING: built against torch {BUILD_INFO['torch']} but running {torch.__version__}: the C++ ABI "
-              "differs between torch releases; install the gnext wheel built for this torch")
-        ok = False
+    tmin = BUILD_INFO.get("torch_min")
+    if tmin:
+        run = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+        need = tuple(int(v) for v in tmin.split("."))
+        if run < need:
+            print(f"  WARNING: this build needs torch >= {tmin} (LibTorch stable ABI target), running {torch.__version__}")
+            ok = False
+        else:
+            print(f"  stable ABI: runs on torch >= {tmin} (this torch: yes)")
     try:
         from . import _C  # noqa: F401
 

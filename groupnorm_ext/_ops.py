@@ -1,11 +1,11 @@
-"""Loads the compiled library, which registers torch.ops.gnext.* with CPU, CUDA and autograd
-(C++, csrc/group_norm/group_norm_autograd.cpp) kernels, and adds the fake (meta) kernels that
-torch.compile and torch.library.opcheck trace with."""
+"""Loads the compiled library, which defines torch.ops.gnext.* and registers their CUDA kernels
+(stable ABI), and adds the fake (meta) kernels that torch.compile and torch.library.opcheck trace
+with, the CPU kernels (_cpu.py) and autograd (_autograd.py)."""
 from __future__ import annotations
 
 import torch
 
-from . import _C  # noqa: F401  (loading the library runs TORCH_LIBRARY(gnext, ...))
+from . import _C  # noqa: F401  (loading the library runs STABLE_TORCH_LIBRARY(gnext, ...))
 
 ops = torch.ops.gnext
 
@@ -55,7 +55,7 @@ def _suggest_format(t: torch.Tensor) -> torch.memory_format:
 
 
 def _fused_compute_format(input: torch.Tensor) -> torch.memory_format:
-    """compute_format in csrc/conv_gelu_gn/conv_gelu_gn.cpp: channels_last on CUDA, else the input's."""
+    """kFormat in csrc/conv_gelu_gn/conv_gelu_gn_cuda.cpp (channels_last) on CUDA; the input's on the CPU."""
     return torch.channels_last if input.device.type == "cuda" else _suggest_format(input)
 
 
@@ -124,3 +124,6 @@ def _group_norm_act_logsumexp_backward_fake(grad_out, out, input, input_bias, me
                                            [output_mask[0], output_mask[2], output_mask[3]])
     dib = input_bias.new_empty((input.shape[1],)) if output_mask[1] and input_bias is not None else None
     return dx, dib, dw, db
+
+
+from . import _autograd, _cpu  # noqa: E402,F401  (register the CPU kernels and autograd)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # sdist -> wheel -> fresh virtual environment -> GPU test suite against the INSTALLED wheel (issue 6).
 #   OUT=dir bash scripts/wheel_check.sh        (on the GPU machine; needs torch, build, pytest there)
+#   WHEEL=gnext-...whl OUT=dir bash scripts/wheel_check.sh
+#                                              (a wheel built elsewhere, e.g. on the CPU machine against
+#                                               another torch release: steps 1-2 are skipped)
 # 1. python -m build --sdist from this checkout (MANIFEST.in decides what ships);
 # 2. the wheel is built from the unpacked sdist alone (pip wheel, no build isolation: torch is the
 #    build dependency, and the machine has no network);
@@ -16,15 +19,22 @@ work=$(mktemp -d)
 py=$(command -v python3)
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc  # see device_run.sh
-"$py" -P -m build --sdist --no-isolation --outdir "$work/dist" . > "$OUT/sdist.log" 2>&1
-sdist=$(ls "$work"/dist/gnext-*.tar.gz)
-echo "sdist: $(basename "$sdist") ($(tar tzf "$sdist" | grep -c '^gnext-[^/]*/csrc/') csrc entries)"
-tar xzf "$sdist" -C "$work"
-src=$(ls -d "$work"/gnext-*/)
-t0=$SECONDS
-(cd "$src" && "$py" -m pip wheel --no-build-isolation --no-deps -w "$work/wheels" . > "$OUT/wheel_build.log" 2>&1)
-whl=$(ls "$work"/wheels/gnext-*.whl)
-echo "wheel: $(basename "$whl") built from the sdist in $((SECONDS - t0)) s"
+if [ -n "${WHEEL:-}" ]; then
+  whl=$(readlink -f "$WHEEL")
+  src="$work/src"
+  mkdir -p "$src" && cp -r tests scripts "$src/"
+  echo "wheel: $(basename "$whl") (prebuilt; $("$py" -c "import zipfile, sys; print(zipfile.ZipFile(sys.argv[1]).read('groupnorm_ext/_build_info.py').decode().splitlines()[-1])" "$whl"))"
+else
+  "$py" -P -m build --sdist --no-isolation --outdir "$work/dist" . > "$OUT/sdist.log" 2>&1
+  sdist=$(ls "$work"/dist/gnext-*.tar.gz)
+  echo "sdist: $(basename "$sdist") ($(tar tzf "$sdist" | grep -c '^gnext-[^/]*/csrc/') csrc entries)"
+  tar xzf "$sdist" -C "$work"
+  src=$(ls -d "$work"/gnext-*/)
+  t0=$SECONDS
+  (cd "$src" && "$py" -m pip wheel --no-build-isolation --no-deps -w "$work/wheels" . > "$OUT/wheel_build.log" 2>&1)
+  whl=$(ls "$work"/wheels/gnext-*.whl)
+  echo "wheel: $(basename "$whl") built from the sdist in $((SECONDS - t0)) s"
+fi
 "$py" -m venv "$work/venv"
 site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$py" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/_host_packages.pth"
@@ -34,9 +44,16 @@ cd "$src"
 "$work/venv/bin/python" -c 'import groupnorm_ext, torch; print("imported", groupnorm_ext.__file__, "torch", torch.__version__)'
 "$work/venv/bin/python" -m groupnorm_ext --info
 set +e
-timeout ${TEST_TIMEOUT:-400} "$work/venv/bin/python" -P -m pytest -q -p no:cacheprovider tests > "$OUT/pytest_wheel.log" 2>&1
-echo "pytest against the installed wheel rc=$?: $(tail -1 "$OUT/pytest_wheel.log")"
-grep -E "^(FAILED|ERROR)" "$OUT/pytest_wheel.log" | head -10
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout ${TEST_TIMEOUT:-400} "$work/venv/bin/python" -P -m pytest -q -p no:cacheprovider tests > "$OUT/pytest_wheel.log" 2>&1
+  echo "pytest against the installed wheel rc=$?: $(tail -1 "$OUT/pytest_wheel.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_wheel.log" | head -10
+fi
+# BENCH_ARGS="...": scripts/bench.py against the installed wheel (e.g. BENCH_ARGS="--tag wheel").
+if [ -n "${BENCH_ARGS:-}" ]; then
+  timeout ${BENCH_TIMEOUT:-400} "$work/venv/bin/python" scripts/bench.py --out "$OUT" $BENCH_ARGS > "$OUT/bench_wheel.log" 2>&1
+  echo "bench against the installed wheel rc=$?"; tail -4 "$OUT/bench_wheel.log"
+fi
 # SANITIZE_ONLY=lse: compute-sanitizer's four tools over those cases of scripts/sanitize_cases.py, on the wheel
 if [ -n "${SANITIZE_ONLY:-}" ]; then
   for tool in memcheck racecheck synccheck initcheck; do

@@ -72,3 +72,24 @@ def test_info_command_reports_the_build():
     assert _arch_ok(["9.0"], 9, 0) and not _arch_ok(["9.0"], 8, 0)
     assert _arch_ok(["8.0"], 8, 6) and _arch_ok(["8.0+PTX"], 9, 0) and not _arch_ok(["8.0"], 9, 0)
     assert _arch_ok(["9.0a"], 9, 0) and not _arch_ok(["9.0a"], 10, 0)
+
+
+def test_compiled_module_uses_only_the_stable_abi():
+    """The module must reference libtorch only through the stable C shim (aoti_torch_* / torch_*), never
+    its C++ API (at::, c10::, torch:: mangled names): that is what lets one build load on every torch
+    release from 2.11 on (setup.py's TORCH_TARGET_VERSION)."""
+    import shutil
+    import subprocess
+
+    import groupnorm_ext._C as C
+
+    if shutil.which("nm") is None:
+        pytest.skip("needs binutils' nm")
+    undef = subprocess.run(["nm", "-D", "--undefined-only", C.__file__], capture_output=True, text=True,
+                           check=True).stdout.split()
+    cxx = [s for s in undef if s.startswith(("_ZN2at", "_ZN3c10", "_ZN5torch", "_ZNK2at", "_ZNK3c10", "_ZNK5torch"))]
+    assert not cxx, f"libtorch C++ symbols outside the stable ABI: {cxx[:10]}"
+    assert any(s.startswith("aoti_torch_") for s in undef), "expected the stable C shim's entry points"
+    from groupnorm_ext._build_info import BUILD_INFO
+
+    assert BUILD_INFO.get("torch_min") == "2.11", BUILD_INFO

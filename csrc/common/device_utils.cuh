@@ -2,8 +2,8 @@
 // cp.async copies, inter-CTA counters, Welford states and their merge (Chan et al.),
 // deterministic warp/block reductions, and a 32-bit fast divider.
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>

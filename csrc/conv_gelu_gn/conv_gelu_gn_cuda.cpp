@@ -1,42 +1,131 @@
-// CUDA registration of the fused ConvTranspose2d + GELU + GroupNorm op: the conv through ATen
-// (cuDNN), bias + GELU + GroupNorm (and their backward) in gnext's GroupNorm kernels with the
-// bias+GELU prologue (csrc/group_norm).
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
+// Fused ConvTranspose2d + GELU + GroupNorm (KernelBench L2#19), CUDA:
+//   z = conv_transpose2d(input, weight)            (ATen/cuDNN through the dispatcher, no bias)
+//   a = GELU(z + conv_bias[c])                     (erf, or the tanh approximation)
+//   out = GroupNorm(a; num_groups, gn_weight, gn_bias, eps)   (Wu & He 2018)
+// The bias, GELU and GroupNorm run in gnext's GroupNorm kernels as an input prologue, so `a` is never
+// written: z is read, out is written. z, mean and rstd are saved for the backward, which runs the
+// GroupNorm backward with the GELU backward fused (one kernel family writes dz), then the conv's data
+// and weight gradients through ATen. CPU kernels and autograd: groupnorm_ext/_cpu.py, _autograd.py.
+#include <string>
+#include <vector>
 
-#include "conv_gelu_gn.h"
+#include "../common/cuda_utils.h"
+#include "../group_norm/group_norm.h"
 
 namespace gnext {
 namespace {
 
+using torch::stable::detail::to;
+
+// The op computes in channels_last on CUDA, where cuDNN's channels_last transposed-conv kernels
+// beat NCHW by more than the layout change costs (H100, L2#19: conv 2.87 vs 6.18 ms,
+// docs/kernels.md); out, z and grad_input are channels_last.
+constexpr MemoryFormat kFormat = MemoryFormat::ChannelsLast;
+
+constexpr const char* kOp = "gnext.conv_transpose2d_gelu_group_norm";
+constexpr const char* kBwdOp = "gnext.conv_transpose2d_gelu_group_norm_backward";
+
+int prologue_kind(const char* op, const std::string& approximate) {
+  GNEXT_CHECK(approximate == "none" || approximate == "tanh", op,
+              ": approximate must be 'none' or 'tanh' (as in F.gelu), got '", approximate, "'");
+  return approximate == "tanh" ? kPreBiasGeluTanh : kPreBiasGelu;
+}
+
+void check_conv_args(const char* op, const Tensor& input, const Tensor& weight, const OptTensor& conv_bias,
+                     const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                     const std::vector<int64_t>& output_padding, const std::vector<int64_t>& dilation,
+                     int64_t groups) {
+  GNEXT_CHECK(input.dim() == 4, op, ": input must be (N, C_in, H, W), got input.dim()=", input.dim(), " (shape ",
+              shape(input), ")");
+  GNEXT_CHECK(is_supported_dtype(input.scalar_type()), op,
+              ": input dtype must be float32, float16 or bfloat16, got ", input.scalar_type());
+  GNEXT_CHECK(weight.dim() == 4, op, ": weight must be (C_in, C_out / groups, kH, kW), got shape ", shape(weight));
+  GNEXT_CHECK(weight.scalar_type() == input.scalar_type(), op, ": weight dtype (", weight.scalar_type(),
+              ") must equal input dtype (", input.scalar_type(), ")");
+  GNEXT_CHECK(same_device(weight, input), op, ": weight is on ", device_name(weight), " but input is on ",
+              device_name(input));
+  GNEXT_CHECK(groups > 0 && input.size(1) % groups == 0 && weight.size(0) == input.size(1), op,
+              ": weight.shape[0]=", weight.size(0), " must equal C_in=", input.size(1),
+              " and C_in must be divisible by groups=", groups);
+  const std::pair<const std::vector<int64_t>*, const char*> lists[] = {
+      {&stride, "stride"}, {&padding, "padding"}, {&output_padding, "output_padding"}, {&dilation, "dilation"}};
+  for (const auto& [l, name] : lists)
+    GNEXT_CHECK(l->size() == 2, op, ": ", name, " must have 2 elements, got ", Shape{*l});
+  const int64_t c_out = weight.size(1) * groups;
+  if (defined(conv_bias)) {
+    GNEXT_CHECK(conv_bias->dim() == 1 && conv_bias->size(0) == c_out, op, ": conv_bias must have shape (C_out,) = (",
+                c_out, "), got ", shape(*conv_bias));
+    GNEXT_CHECK(same_device(*conv_bias, input), op, ": conv_bias is on ", device_name(*conv_bias),
+                " but input is on ", device_name(input));
+    GNEXT_CHECK(conv_bias->scalar_type() == input.scalar_type(), op, ": conv_bias dtype (",
+                conv_bias->scalar_type(), ") must equal input dtype (", input.scalar_type(), ")");
+  }
+}
+
+Pointwise make_prologue(const char* op, const OptTensor& conv_bias, const std::string& approximate) {
+  Pointwise pro;
+  pro.kind = prologue_kind(op, approximate);
+  if (defined(conv_bias)) pro.bias = contig(*conv_bias);
+  return pro;
+}
+
+using IntList = std::vector<int64_t>;
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_cuda(const Tensor& input, const Tensor& weight,
-                                                      const OptTensor& conv_bias, IntArrayRef stride,
-                                                      IntArrayRef padding, IntArrayRef output_padding,
-                                                      IntArrayRef dilation, int64_t groups, int64_t num_groups,
-                                                      const OptTensor& gn_weight, const OptTensor& gn_bias,
-                                                      double eps, c10::string_view approximate) {
-  c10::cuda::CUDAGuard guard(input.device());
-  return conv_transpose2d_gelu_group_norm_impl(input, weight, conv_bias, stride, padding, output_padding, dilation,
-                                               groups, num_groups, gn_weight, gn_bias, eps, approximate,
-                                               &group_norm_cuda_pre);
+                                                      const OptTensor& conv_bias, IntList stride, IntList padding,
+                                                      IntList output_padding, IntList dilation, int64_t groups,
+                                                      int64_t num_groups, const OptTensor& gn_weight,
+                                                      const OptTensor& gn_bias, double eps, std::string approximate) {
+  check_conv_args(kOp, input, weight, conv_bias, stride, padding, output_padding, dilation, groups);
+  const Pointwise pro = make_prologue(kOp, conv_bias, approximate);
+  DeviceGuard guard(input);
+  // The conv (cuDNN picks its algorithm; TF32 per torch.backends.cudnn.allow_tf32) in kFormat; z is
+  // made dense in it so the fake kernel (groupnorm_ext/_ops.py) knows its strides.
+  const OptTensor no_bias;
+  auto st = call_op<8>("aten::conv_transpose2d", "input", dense_in(input, kFormat), weight, no_bias,
+                       IntArrayRef(stride), IntArrayRef(padding), IntArrayRef(output_padding), groups,
+                       IntArrayRef(dilation));
+  const Tensor z = dense_in(to<Tensor>(st[0]), kFormat);
+  auto [out, mean, rstd] = group_norm_cuda_pre(kOp, z, num_groups, gn_weight, gn_bias, eps, pro);
+  return {out, z, mean, rstd};
 }
 
 std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor> fused_backward_cuda(
     const Tensor& grad_out, const Tensor& input, const Tensor& weight, const OptTensor& conv_bias, const Tensor& z,
-    const Tensor& mean, const Tensor& rstd, const OptTensor& gn_weight, IntArrayRef stride, IntArrayRef padding,
-    IntArrayRef output_padding, IntArrayRef dilation, int64_t groups, int64_t num_groups,
-    c10::string_view approximate, std::array<bool, 5> output_mask) {
-  c10::cuda::CUDAGuard guard(input.device());
-  return conv_transpose2d_gelu_group_norm_backward_impl(grad_out, input, weight, conv_bias, z, mean, rstd, gn_weight,
-                                                        stride, padding, output_padding, dilation, groups, num_groups,
-                                                        approximate, output_mask, &group_norm_backward_cuda_pre);
+    const Tensor& mean, const Tensor& rstd, const OptTensor& gn_weight, IntList stride, IntList padding,
+    IntList output_padding, IntList dilation, int64_t groups, int64_t num_groups, std::string approximate,
+    std::vector<bool> mask_list) {
+  const std::array<bool, 5> output_mask = mask_array<5>(kBwdOp, mask_list);
+  check_conv_args(kBwdOp, input, weight, conv_bias, stride, padding, output_padding, dilation, groups);
+  const Pointwise pro = make_prologue(kBwdOp, conv_bias, approximate);
+  DeviceGuard guard(input);
+  const bool need_dz = output_mask[0] || output_mask[1] || (output_mask[2] && defined(conv_bias));
+  auto [dz, dgw, dgb] = group_norm_backward_cuda_pre(kBwdOp, grad_out, z, mean, rstd, gn_weight, num_groups,
+                                                     {need_dz, output_mask[3], output_mask[4]}, pro);
+  OptTensor dinput, dweight, dbias;
+  if (output_mask[2] && defined(conv_bias)) {
+    const Tensor s = torch::stable::sum(*dz, IntList{0, 2, 3}, false, ScalarType::Float);
+    dbias = to_dtype(s, conv_bias->scalar_type());
+  }
+  if (output_mask[0] || output_mask[1]) {
+    const std::optional<IntList> bias_sizes;
+    const bool mask[3] = {output_mask[0], output_mask[1], false};
+    auto st = call_op<11>("aten::convolution_backward", "", dense_in(*dz, kFormat), dense_in(input, kFormat), weight,
+                          bias_sizes, IntArrayRef(stride), IntArrayRef(padding), IntArrayRef(dilation),
+                          /*transposed=*/true, IntArrayRef(output_padding), groups,
+                          torch::headeronly::HeaderOnlyArrayRef<bool>(mask, 3));
+    Tensor gi = to<Tensor>(st[0]), gw = to<Tensor>(st[1]), gb = to<Tensor>(st[2]);
+    if (output_mask[0]) dinput = dense_in(gi, kFormat);
+    if (output_mask[1]) dweight = dense_in(gw, suggest_format(weight));
+  }
+  return {dinput, dweight, dbias, dgw, dgb};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
-  m.impl("conv_transpose2d_gelu_group_norm", &fused_cuda);
-  m.impl("conv_transpose2d_gelu_group_norm_backward", &fused_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
+  m.impl("conv_transpose2d_gelu_group_norm", TORCH_BOX(&fused_cuda));
+  m.impl("conv_transpose2d_gelu_group_norm_backward", TORCH_BOX(&fused_backward_cuda));
 }
 
 }  // namespace gnext

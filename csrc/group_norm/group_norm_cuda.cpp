@@ -1,14 +1,10 @@
 // CUDA implementation of the GroupNorm ops: argument checks, layout choice, launch geometry,
 // allocation. The kernels are behind group_norm_launch.h (group_norm_kernels.cu).
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
 
+#include "../common/cuda_utils.h"
 #include "group_norm.h"
 #include "group_norm_launch.h"
 
@@ -29,26 +25,32 @@ using gn::kUnroll;
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-ScalarKind scalar_kind(at::ScalarType t) {
+}  // namespace
+
+ScalarKind scalar_kind(ScalarType t) {
   switch (t) {
-    case at::kFloat:
+    case ScalarType::Float:
       return ScalarKind::Float;
-    case at::kHalf:
+    case ScalarType::Half:
       return ScalarKind::Half;
-    case at::kBFloat16:
+    case ScalarType::BFloat16:
       return ScalarKind::BFloat16;
     default:
-      TORCH_CHECK(false, "gnext: unsupported dtype ", t, " (expected float32, float16 or bfloat16)");
+      fail("gnext: unsupported dtype ", t, " (expected float32, float16 or bfloat16)");
   }
 }
 
+namespace {
+
+int64_t element_size(ScalarType t) { return t == ScalarType::Float ? 4 : 2; }
+
 // CTAs to aim for per launch: enough to fill every SM a few times over.
-int64_t target_ctas() { return 4 * static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount); }
+int64_t target_ctas() { return 4 * static_cast<int64_t>(device_props().multiProcessorCount); }
 
 // Widest vector (elements per 16-byte access) when rows have `inner` elements and every pointer
 // is 16-byte aligned; 1 otherwise.
-int vector_width(at::ScalarType t, int64_t inner, std::initializer_list<const void*> ptrs) {
-  const int vmax = static_cast<int>(16 / c10::elementSize(t));
+int vector_width(ScalarType t, int64_t inner, std::initializer_list<const void*> ptrs) {
+  const int vmax = static_cast<int>(16 / element_size(t));
   if (inner % vmax != 0) return 1;
   for (const void* p : ptrs)
     if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
@@ -151,7 +153,7 @@ bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std::initia
   if (x.is_contiguous() && p.HxW != 1) return false;
   const int V = vector_width(x.scalar_type(), p.C, ptrs);
   const ReduceGeometry g = reduce_geometry(p, true, V, state_bytes);
-  return g.smem <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+  return g.smem <= device_props().sharedMemPerBlockOptin;
 }
 
 int env_int(const char* name, int dflt) {
@@ -165,17 +167,17 @@ int env_int(const char* name, int dflt) {
 // Tuning knobs (environment, for measurements): GNEXT_ONEPASS_CTAS (CTAs per SM, default 2),
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
-std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType t, bool bwd, bool nhwc,
+std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
                                                 std::initializer_list<const void*> ptrs) {
   if (env_int("GNEXT_ONEPASS", 1) == 0) return std::nullopt;
   const int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
   if (V == 1) return std::nullopt;
-  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  const DeviceProps* prop = &device_props();
   const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", 2), 1, 4);
   const int stages = std::clamp(env_int("GNEXT_ONEPASS_NBUF", 2), 2, 4);
   const int64_t slots = static_cast<int64_t>(prop->multiProcessorCount) * ctas;  // co-resident CTAs
   const int threads = std::max(128, gn::kOnePassThreads / ctas / 32 * 32);
-  const int64_t esize = static_cast<int64_t>(c10::elementSize(t));
+  const int64_t esize = element_size(t);
   const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
   const int64_t per_cta = ctas == 1 ? static_cast<int64_t>(prop->sharedMemPerBlockOptin)
                                     : static_cast<int64_t>(prop->sharedMemPerMultiprocessor) / ctas -
@@ -255,19 +257,17 @@ std::optional<OnePassGeometry> onepass_geometry(const Problem& p, at::ScalarType
 }
 
 // Element type of gamma/beta: float32 or the input's.
-ScalarKind param_kind(const OptTensor& a, const OptTensor& b, at::ScalarType fallback) {
+ScalarKind param_kind(const OptTensor& a, const OptTensor& b, ScalarType fallback) {
   if (defined(a)) return scalar_kind(a->scalar_type());
   if (defined(b)) return scalar_kind(b->scalar_type());
   return scalar_kind(fallback);
 }
 
-const void* ptr_or_null(const OptTensor& t) { return defined(t) ? t->data_ptr() : nullptr; }
-
 // Zeroed per-unit counters for a one-pass launch whose units span several tiles; else undefined.
 Tensor onepass_counters(const OnePassGeometry& g, const Tensor& like, cudaStream_t stream) {
   if (g.T == 1) return Tensor();
-  Tensor c = at::empty({g.units}, like.options().dtype(at::kInt));
-  C10_CUDA_CHECK(cudaMemsetAsync(c.data_ptr(), 0, c.nbytes(), stream));
+  Tensor c = empty_on(like, {g.units}, ScalarType::Int);
+  GNEXT_CUDA_CHECK(cudaMemsetAsync(c.data_ptr(), 0, static_cast<size_t>(g.units) * sizeof(int), stream));
   return c;
 }
 unsigned* counters_ptr(const Tensor& c) { return c.defined() ? static_cast<unsigned*>(c.data_ptr()) : nullptr; }
@@ -304,54 +304,57 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   const GNShape s = check_group_norm_args(op, input, num_groups, weight, bias);
   check_pointwise(op, input, pro);
   const Problem p = to_problem(s);
-  c10::cuda::CUDAGuard guard(input.device());
+  DeviceGuard guard(input);
   const Tensor x_in = dense_input(input);
-  Tensor out = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
-  Tensor mean = at::empty({s.N, s.G}, input.options().dtype(at::kFloat));
-  Tensor rstd = at::empty_like(mean);
+  Tensor out = empty_as(input, group_norm_memory_format(input));
+  Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
+  Tensor rstd = empty_on(input, {s.N, s.G}, ScalarType::Float);
   if (input.numel() == 0) {
     fill_empty_stats(mean, rstd);
     return {out, mean, rstd};
   }
-  const OptTensor w = defined(weight) ? OptTensor(weight->contiguous()) : std::nullopt;
-  const OptTensor b = defined(bias) ? OptTensor(bias->contiguous()) : std::nullopt;
+  const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
+  const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
   const bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr(), out.data_ptr()});
   // channels_last input too wide for the NHWC kernels' shared memory runs in NCHW.
-  const Tensor x = nhwc || x_in.is_contiguous() ? x_in : x_in.contiguous();
-  Tensor y = x.is_same(x_in) ? out : at::empty_like(x);
+  // channels_last input too wide for the NHWC kernels' shared memory runs in NCHW (out is
+  // channels_last: the result is computed into a contiguous y and copied).
+  const bool relayout = !nhwc && !x_in.is_contiguous();
+  const Tensor x = relayout ? contig(x_in) : x_in;
+  Tensor y = relayout ? empty_as(x, MemoryFormat::Contiguous) : out;
   const ScalarKind t = scalar_kind(input.scalar_type());
-  const Tensor res = defined(pro.residual) ? pro.residual->contiguous(x.suggest_memory_format()) : Tensor();
+  const Tensor res = defined(pro.residual) ? dense_in(*pro.residual, suggest_format(x)) : Tensor();
   const void* res_ptr = res.defined() ? res.data_ptr() : nullptr;
   const gn::PwArgs pw = pw_args(pro, res, nullptr, w, b);
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr(), res_ptr});
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(x);
   const auto og = onepass_allows(pro, nhwc)
                       ? onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr(), res_ptr})
                       : std::nullopt;
   if (og) {
-    Tensor partial = at::empty({s.N * s.G * og->T * 3}, mean.options());  // per (tile, group)
+    Tensor partial = empty_on(x, {s.N * s.G * og->T * 3}, ScalarType::Float);  // per (tile, group)
     const Tensor counters = onepass_counters(*og, mean, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
-    a.wt = param_kind(w, b, at::kFloat);
-    a.mean = mean.data_ptr<float>(), a.rstd = rstd.data_ptr<float>(), a.partial = partial.data_ptr<float>();
+    a.wt = param_kind(w, b, ScalarType::Float);
+    a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ptr<float>(partial);
     a.counters = counters_ptr(counters), a.eps = static_cast<float>(eps), a.pw = pw;
-    C10_CUDA_CHECK(gn::launch_onepass(false, t, p, *og, a, stream));
-    if (!y.is_same(out)) out.copy_(y);
+    GNEXT_CUDA_CHECK(gn::launch_onepass(false, t, p, *og, a, stream));
+    if (relayout) copy_into(out, y);
     return {out, mean, rstd};
   }
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
-  Tensor partial = at::empty({s.N * s.C * rg.K * 3}, mean.options());
-  Tensor coef = at::empty({s.N, s.C, 4}, mean.options());
-  C10_CUDA_CHECK(
-      gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial.data_ptr<float>(), pw, stream));
-  C10_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, at::kFloat), p, partial_layout(p, rg),
-                                             partial.data_ptr<float>(), ptr_or_null(w), ptr_or_null(b),
-                                             mean.data_ptr<float>(), rstd.data_ptr<float>(), coef.data_ptr<float>(),
+  Tensor partial = empty_on(x, {s.N * s.C * rg.K * 3}, ScalarType::Float);
+  Tensor coef = empty_on(x, {s.N, s.C, 4}, ScalarType::Float);
+  GNEXT_CUDA_CHECK(
+      gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, ptr<float>(partial), pw, stream));
+  GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), p, partial_layout(p, rg),
+                                             ptr<float>(partial), ptr_or_null(w), ptr_or_null(b),
+                                             ptr<float>(mean), ptr<float>(rstd), ptr<float>(coef),
                                              static_cast<float>(eps), nullptr, stream));
-  C10_CUDA_CHECK(gn::launch_affine(false, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), nullptr, y.data_ptr(),
-                                   coef.data_ptr<float>(), pw, stream));
-  if (!y.is_same(out)) out.copy_(y);
+  GNEXT_CUDA_CHECK(gn::launch_affine(false, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), nullptr, y.data_ptr(),
+                                   ptr<float>(coef), pw, stream));
+  if (relayout) copy_into(out, y);
   return {out, mean, rstd};
 }
 
@@ -362,30 +365,31 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   check_pointwise(op, input, pro);
   const Problem p = to_problem(s);
   if (defined(pro.gn_bias)) check_group_norm_args(op, input, num_groups, weight, pro.gn_bias);
-  c10::cuda::CUDAGuard guard(input.device());
+  DeviceGuard guard(input);
   const bool need_params = output_mask[1] || output_mask[2];
   auto [dx, dgamma, dbeta] = alloc_backward_outputs(input, s, weight, output_mask);
   if (input.numel() == 0 || (!output_mask[0] && !need_params)) return {dx, dgamma, dbeta};
   const Tensor x_in = dense_input(input);
-  const Tensor mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
-  const OptTensor w = defined(weight) ? OptTensor(weight->contiguous()) : std::nullopt;
-  const Tensor dy_in = grad_out.contiguous(group_norm_memory_format(x_in));
+  const Tensor mean_c = contig(mean), rstd_c = contig(rstd);
+  const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
+  const Tensor dy_in = dense_in(grad_out, group_norm_memory_format(x_in));
   const bool nhwc = use_nhwc(x_in, p, gn::kGradStateBytes,
                              {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr});
-  const Tensor x = nhwc || x_in.is_contiguous() ? x_in : x_in.contiguous();
-  const Tensor dy = x.is_same(x_in) ? dy_in : grad_out.contiguous();
-  const Tensor dx_work = !dx ? Tensor() : x.is_same(x_in) ? *dx : at::empty_like(x);
+  const bool relayout = !nhwc && !x_in.is_contiguous();
+  const Tensor x = relayout ? contig(x_in) : x_in;
+  const Tensor dy = relayout ? contig(grad_out) : dy_in;
+  const Tensor dx_work = !dx ? Tensor() : relayout ? empty_as(x, MemoryFormat::Contiguous) : *dx;
   const ScalarKind t = scalar_kind(input.scalar_type());
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW,
                              {x.data_ptr(), dy.data_ptr(), dx_work.defined() ? dx_work.data_ptr() : nullptr});
-  Tensor dsum = need_params ? at::empty({s.N, s.C, 2}, mean_c.options()) : Tensor();
-  const OptTensor b = defined(pro.gn_bias) ? OptTensor(pro.gn_bias->contiguous()) : std::nullopt;
-  const gn::PwArgs pw = pw_args(pro, Tensor(), rstd_c.data_ptr<float>(), w, b);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  Tensor dsum = need_params ? empty_on(x, {s.N, s.C, 2}, ScalarType::Float) : Tensor();
+  const OptTensor b = defined(pro.gn_bias) ? OptTensor(contig(*pro.gn_bias)) : std::nullopt;
+  const gn::PwArgs pw = pw_args(pro, Tensor(), ptr<float>(rstd_c), w, b);
+  const cudaStream_t stream = current_stream(x);
   auto gamma_beta = [&] {
     if (need_params)
-      C10_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(param_grad_dtype(input, weight)), p,
-                                                    dsum.data_ptr<float>(), rstd_c.data_ptr<float>(),
+      GNEXT_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(param_grad_dtype(input, weight)), p,
+                                                    ptr<float>(dsum), ptr<float>(rstd_c),
                                                     dgamma ? dgamma->data_ptr() : nullptr,
                                                     dbeta ? dbeta->data_ptr() : nullptr, stream));
   };
@@ -395,35 +399,35 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
                                          {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
   if (og) {
     // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
-    Tensor partial = at::empty({og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2},
-                               mean_c.options());
+    Tensor partial = empty_on(x, {og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2},
+                              ScalarType::Float);
     const Tensor counters = onepass_counters(*og, mean_c, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
     a.beta = ptr_or_null(b);
-    a.wt = param_kind(w, b, at::kFloat);
-    a.mean = mean_c.data_ptr<float>(), a.rstd = rstd_c.data_ptr<float>();
-    a.partial = partial.data_ptr<float>(), a.dsum = need_params ? dsum.data_ptr<float>() : nullptr;
+    a.wt = param_kind(w, b, ScalarType::Float);
+    a.mean = ptr<float>(mean_c), a.rstd = ptr<float>(rstd_c);
+    a.partial = ptr<float>(partial), a.dsum = need_params ? ptr<float>(dsum) : nullptr;
     a.counters = counters_ptr(counters), a.pw = pw;
-    C10_CUDA_CHECK(gn::launch_onepass(true, t, p, *og, a, stream));
+    GNEXT_CUDA_CHECK(gn::launch_onepass(true, t, p, *og, a, stream));
     gamma_beta();
-    if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
+    if (relayout) copy_into(*dx, dx_work);
     return {dx, dgamma, dbeta};
   }
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes);
-  Tensor partial = at::empty({s.N * s.C * rg.K * 2}, mean_c.options());
-  Tensor coef = output_mask[0] ? at::empty({s.N, s.C, 4}, mean_c.options()) : Tensor();
-  C10_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), mean_c.data_ptr<float>(),
-                                   partial.data_ptr<float>(), pw, stream));
-  C10_CUDA_CHECK(gn::launch_finalize_backward(
-      param_kind(w, std::nullopt, at::kFloat), p, partial_layout(p, rg), partial.data_ptr<float>(),
-      mean_c.data_ptr<float>(), rstd_c.data_ptr<float>(), ptr_or_null(w),
-      need_params ? dsum.data_ptr<float>() : nullptr, output_mask[0] ? coef.data_ptr<float>() : nullptr, stream));
+  Tensor partial = empty_on(x, {s.N * s.C * rg.K * 2}, ScalarType::Float);
+  Tensor coef = output_mask[0] ? empty_on(x, {s.N, s.C, 4}, ScalarType::Float) : Tensor();
+  GNEXT_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), ptr<float>(mean_c),
+                                   ptr<float>(partial), pw, stream));
+  GNEXT_CUDA_CHECK(gn::launch_finalize_backward(
+      param_kind(w, std::nullopt, ScalarType::Float), p, partial_layout(p, rg), ptr<float>(partial),
+      ptr<float>(mean_c), ptr<float>(rstd_c), ptr_or_null(w),
+      need_params ? ptr<float>(dsum) : nullptr, output_mask[0] ? ptr<float>(coef) : nullptr, stream));
   gamma_beta();
   if (output_mask[0]) {
-    C10_CUDA_CHECK(gn::launch_affine(true, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), dy.data_ptr(),
-                                     dx_work.data_ptr(), coef.data_ptr<float>(), pw, stream));
-    if (!dx_work.is_same(*dx)) dx->copy_(dx_work);
+    GNEXT_CUDA_CHECK(gn::launch_affine(true, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), dy.data_ptr(),
+                                     dx_work.data_ptr(), ptr<float>(coef), pw, stream));
+    if (relayout) copy_into(*dx, dx_work);
   }
   return {dx, dgamma, dbeta};
 }
@@ -431,25 +435,25 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
 std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const GNShape& s, const Tensor& shift,
                                                  double eps) {
   const Problem p = to_problem(s);
-  Tensor mean = at::empty({s.N, s.G}, x_in.options().dtype(at::kFloat));
-  Tensor rstd = at::empty_like(mean);
+  Tensor mean = empty_on(x_in, {s.N, s.G}, ScalarType::Float);
+  Tensor rstd = empty_on(x_in, {s.N, s.G}, ScalarType::Float);
   if (x_in.numel() == 0) {
     fill_empty_stats(mean, rstd);
     return {mean, rstd};
   }
   const bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr()});
-  const Tensor x = nhwc || x_in.is_contiguous() ? x_in : x_in.contiguous();
+  const Tensor x = nhwc || x_in.is_contiguous() ? x_in : contig(x_in);
   const int V = vector_width(x.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr()});
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
-  Tensor partial = at::empty({s.N * s.C * rg.K * 3}, mean.options());
-  Tensor coef = at::empty({s.N, s.C, 4}, mean.options());
-  auto stream = at::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(gn::launch_reduce(false, scalar_kind(x.scalar_type()), p, rg, x.data_ptr(), nullptr, nullptr,
-                                   partial.data_ptr<float>(), gn::PwArgs{}, stream));
-  C10_CUDA_CHECK(gn::launch_finalize_forward(ScalarKind::Float, p, partial_layout(p, rg), partial.data_ptr<float>(),
-                                             nullptr, nullptr, mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                                             coef.data_ptr<float>(), static_cast<float>(eps),
-                                             shift.defined() ? shift.data_ptr<float>() : nullptr, stream));
+  Tensor partial = empty_on(x, {s.N * s.C * rg.K * 3}, ScalarType::Float);
+  Tensor coef = empty_on(x, {s.N, s.C, 4}, ScalarType::Float);
+  const cudaStream_t stream = current_stream(x);
+  GNEXT_CUDA_CHECK(gn::launch_reduce(false, scalar_kind(x.scalar_type()), p, rg, x.data_ptr(), nullptr, nullptr,
+                                   ptr<float>(partial), gn::PwArgs{}, stream));
+  GNEXT_CUDA_CHECK(gn::launch_finalize_forward(ScalarKind::Float, p, partial_layout(p, rg), ptr<float>(partial),
+                                             nullptr, nullptr, ptr<float>(mean), ptr<float>(rstd),
+                                             ptr<float>(coef), static_cast<float>(eps),
+                                             shift.defined() ? ptr<float>(shift) : nullptr, stream));
   return {mean, rstd};
 }
 
@@ -458,20 +462,20 @@ Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const GNS
                                      const OptTensor& dbeta, bool want_coef) {
   const Problem p = to_problem(s);
   const bool need_params = dgamma.has_value() || dbeta.has_value();
-  const OptTensor w = defined(weight) ? OptTensor(weight->contiguous()) : std::nullopt;
-  Tensor dsum = need_params ? at::empty({s.N, s.C, 2}, mean.options()) : Tensor();
-  Tensor coef = want_coef ? at::empty({s.N, s.C, 4}, mean.options()) : Tensor();
+  const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
+  Tensor dsum = need_params ? empty_on(mean, {s.N, s.C, 2}, ScalarType::Float) : Tensor();
+  Tensor coef = want_coef ? empty_on(mean, {s.N, s.C, 4}, ScalarType::Float) : Tensor();
   if (!need_params && !want_coef) return coef;
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(mean);
   const PartialLayout L{K, K * s.C, 1, s.C};  // partial[(n * K + k) * C + c], as the NHWC reduction
-  C10_CUDA_CHECK(gn::launch_finalize_backward(param_kind(w, std::nullopt, at::kFloat), p, L, partial.data_ptr<float>(),
-                                              mean.data_ptr<float>(), rstd.data_ptr<float>(), ptr_or_null(w),
-                                              need_params ? dsum.data_ptr<float>() : nullptr,
-                                              want_coef ? coef.data_ptr<float>() : nullptr, stream));
+  GNEXT_CUDA_CHECK(gn::launch_finalize_backward(param_kind(w, std::nullopt, ScalarType::Float), p, L, ptr<float>(partial),
+                                              ptr<float>(mean), ptr<float>(rstd), ptr_or_null(w),
+                                              need_params ? ptr<float>(dsum) : nullptr,
+                                              want_coef ? ptr<float>(coef) : nullptr, stream));
   if (need_params) {
     const Tensor& any = dgamma ? *dgamma : *dbeta;
-    C10_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(any.scalar_type()), p, dsum.data_ptr<float>(),
-                                                  rstd.data_ptr<float>(), dgamma ? dgamma->data_ptr() : nullptr,
+    GNEXT_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(any.scalar_type()), p, ptr<float>(dsum),
+                                                  ptr<float>(rstd), dgamma ? dgamma->data_ptr() : nullptr,
                                                   dbeta ? dbeta->data_ptr() : nullptr, stream));
   }
   return coef;
@@ -487,16 +491,16 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t 
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tensor& grad_out, const Tensor& input,
                                                                      const Tensor& mean, const Tensor& rstd,
                                                                      const OptTensor& weight, int64_t num_groups,
-                                                                     std::array<bool, 3> output_mask) {
+                                                                     std::vector<bool> output_mask) {
   return group_norm_backward_cuda_pre("gnext.group_norm_backward", grad_out, input, mean, rstd, weight, num_groups,
-                                      output_mask, Pointwise{});
+                                      mask_array<3>("gnext.group_norm_backward", output_mask), Pointwise{});
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
-  m.impl("group_norm", &group_norm_cuda);
-  m.impl("group_norm_backward", &group_norm_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
+  m.impl("group_norm", TORCH_BOX(&group_norm_cuda));
+  m.impl("group_norm_backward", TORCH_BOX(&group_norm_backward_cuda));
 }
 
 }  // namespace gnext

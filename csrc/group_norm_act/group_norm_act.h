@@ -6,22 +6,20 @@
 // kernels and applies act' to grad_out on the fly.
 #pragma once
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "../group_norm/group_norm.h"
 
 namespace gnext {
 
 // ActKind of an activation name; raises (naming `op`) on an unknown one.
-int parse_activation(const char* op, c10::string_view activation);
-
-// ATen composites of the activations (CPU references): act(n), and dL/dn from g = dL/d act(n).
-Tensor apply_act(const Tensor& n, int act);
-Tensor act_backward(const Tensor& g, const Tensor& n, int act);
+int parse_activation(const char* op, std::string_view activation);
 
 // group_norm_act_logsumexp (group_norm_act_lse*.cpp): with v = input + input_bias[c],
 //   out = logsumexp over dim 1 (keepdim) of [residual ? v : 0] + act(GroupNorm(v)),
 // the tail of KernelBench L2#92 (its conv without bias feeds `input`, the conv bias is input_bias).
-// Checks the arguments shared by CPU and CUDA and returns the problem sizes.
+// Checks the arguments and returns the problem sizes.
 GNShape check_lse_args(const char* op, const Tensor& input, const OptTensor& input_bias, int64_t num_groups,
                        const OptTensor& weight, const OptTensor& bias);
 // Checks grad_out / out ((N, 1, *spatial)) and mean / rstd of the backward.

@@ -3,14 +3,10 @@
 // activates, adds the residual and reduces logsumexp over the channels: the (N, C, *) result of the
 // activation is never written. Backward: two passes of the same kernel (per-channel gradient sums,
 // then grad_input) around gnext's GroupNorm backward finalize.
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <limits>
 
+#include "../common/cuda_utils.h"
 #include "group_norm_act.h"
 #include "lse_launch.h"
 
@@ -19,19 +15,17 @@ namespace {
 
 using lse::LseArgs;
 
-gn::ScalarKind kind_of(at::ScalarType t) {
-  return t == at::kFloat ? gn::ScalarKind::Float : t == at::kHalf ? gn::ScalarKind::Half : gn::ScalarKind::BFloat16;
+Tensor float_or_undef(const OptTensor& t) {
+  return defined(t) ? contig(to_dtype(*t, ScalarType::Float)) : Tensor();
 }
-
-Tensor float_or_undef(const OptTensor& t) { return defined(t) ? t->to(at::kFloat).contiguous() : Tensor(); }
-const float* fptr(const Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+const float* fptr(const Tensor& t) { return t.defined() ? ptr<float>(t) : nullptr; }
 
 // Layout, vector width and launch geometry for x (dense: contiguous or channels_last).
 LseArgs make_args(const char* op, int phase, const Tensor& x, const GNShape& s, int act, bool residual,
                   std::initializer_list<const void*> ptrs) {
   LseArgs a{};
   a.N = s.N, a.C = s.C, a.G = s.G, a.HxW = s.HxW, a.act = act, a.residual = residual;
-  a.t = kind_of(x.scalar_type());
+  a.t = scalar_kind(x.scalar_type());
   const bool channels_inner = !x.is_contiguous() || s.HxW == 1;
   a.sC = channels_inner ? 1 : s.HxW;
   a.sP = channels_inner ? s.C : 1;
@@ -43,12 +37,12 @@ LseArgs make_args(const char* op, int phase, const Tensor& x, const GNShape& s, 
     a.tpp = 1;
     while (a.tpp * lse::kLanesCpt < s.C) a.tpp *= 2;
   }
-  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  const DeviceProps* prop = &device_props();
   a.threads = lse::kLseThreads;
   while (a.threads > 32 && lse::lse_smem_bytes(phase, s.C, a.threads, a.tpp) > prop->sharedMemPerBlockOptin)
     a.threads /= 2;
   a.smem = lse::lse_smem_bytes(phase, s.C, a.threads, a.tpp);
-  TORCH_CHECK(a.smem <= prop->sharedMemPerBlockOptin, op, ": C=", s.C,
+  GNEXT_CHECK(a.smem <= prop->sharedMemPerBlockOptin, op, ": C=", s.C,
               " channels need more shared memory per block (", a.smem, " bytes) than this GPU has (",
               prop->sharedMemPerBlockOptin, ")");
   // About 8 CTAs per SM in all, each a whole number of sweeps of `step` pixels.
@@ -63,82 +57,84 @@ LseArgs make_args(const char* op, int phase, const Tensor& x, const GNShape& s, 
 
 std::tuple<Tensor, Tensor, Tensor> lse_cuda(const Tensor& input, const OptTensor& input_bias, int64_t num_groups,
                                             const OptTensor& weight, const OptTensor& bias, double eps,
-                                            c10::string_view activation, bool residual) {
+                                            const std::string& activation, bool residual) {
   constexpr const char* op = "gnext.group_norm_act_logsumexp";
   const GNShape s = check_lse_args(op, input, input_bias, num_groups, weight, bias);
   const int act = parse_activation(op, activation);
-  c10::cuda::CUDAGuard guard(input.device());
-  Tensor out = at::empty(lse_out_shape(input), input.options());
+  DeviceGuard guard(input);
+  Tensor out = empty_on(input, lse_out_shape(input), input.scalar_type());
   const Tensor x = dense_input(input);
   const Tensor shift = float_or_undef(input_bias);
   auto [mean, rstd] = group_norm_stats_cuda(x, s, shift, eps);
   if (out.numel() == 0) return {out, mean, rstd};
   if (input.numel() == 0) {  // C == 0: logsumexp over no channels
-    out.fill_(-std::numeric_limits<double>::infinity());
+    fill(out, -std::numeric_limits<double>::infinity());
     return {out, mean, rstd};
   }
   const Tensor gamma = float_or_undef(weight), beta = float_or_undef(bias);
   LseArgs a = make_args(op, lse::kLseForward, x, s, act, residual, {x.data_ptr()});
-  a.x = x.data_ptr(), a.shift = fptr(shift), a.mean = mean.data_ptr<float>(), a.rstd = rstd.data_ptr<float>();
+  a.x = x.data_ptr(), a.shift = fptr(shift), a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd);
   a.gamma = fptr(gamma), a.beta = fptr(beta), a.out = out.data_ptr();
-  C10_CUDA_CHECK(lse::launch_lse(lse::kLseForward, a, at::cuda::getCurrentCUDAStream()));
+  GNEXT_CUDA_CHECK(lse::launch_lse(lse::kLseForward, a, current_stream(x)));
   return {out, mean, rstd};
 }
 
 std::tuple<OptTensor, OptTensor, OptTensor, OptTensor> lse_backward_cuda(
     const Tensor& grad_out, const Tensor& out, const Tensor& input, const OptTensor& input_bias, const Tensor& mean,
     const Tensor& rstd, const OptTensor& weight, const OptTensor& bias, int64_t num_groups,
-    c10::string_view activation, bool residual, std::array<bool, 4> mask) {
+    const std::string& activation, bool residual, const std::vector<bool>& output_mask) {
   constexpr const char* op = "gnext.group_norm_act_logsumexp_backward";
+  const std::array<bool, 4> mask = mask_array<4>(op, output_mask);
   const GNShape s = check_lse_args(op, input, input_bias, num_groups, weight, bias);
   check_lse_backward_args(op, s, input, grad_out, out, mean, rstd);
   const int act = parse_activation(op, activation);
-  TORCH_CHECK(!mask[1] || defined(input_bias), op, ": grad of input_bias requested without input_bias");
-  c10::cuda::CUDAGuard guard(input.device());
-  const auto popts = input.options().dtype(param_grad_dtype(input, weight));
+  GNEXT_CHECK(!mask[1] || defined(input_bias), op, ": grad of input_bias requested without input_bias");
+  DeviceGuard guard(input);
+  const ScalarType pt = param_grad_dtype(input, weight);
   const bool empty = input.numel() == 0;
-  auto param = [&](bool wanted, const at::TensorOptions& o) -> OptTensor {
+  const int64_t C = s.C;
+  auto param = [&](bool wanted, ScalarType t) -> OptTensor {
     if (!wanted) return std::nullopt;
-    return empty ? at::zeros({s.C}, o) : at::empty({s.C}, o);
+    return empty ? zeros_on(input, {C}, t) : empty_on(input, {C}, t);
   };
-  OptTensor dx, dib = param(mask[1], defined(input_bias) ? input_bias->options() : popts);
-  OptTensor dw = param(mask[2], popts), db = param(mask[3], popts);
-  if (mask[0]) dx = at::empty(input.sizes(), input.options().memory_format(group_norm_memory_format(input)));
+  OptTensor dx, dib = param(mask[1], defined(input_bias) ? input_bias->scalar_type() : pt);
+  OptTensor dw = param(mask[2], pt), db = param(mask[3], pt);
+  if (mask[0]) dx = empty_as(input, group_norm_memory_format(input));
   if (empty || !(mask[0] || mask[1] || mask[2] || mask[3])) return {dx, dib, dw, db};
   const Tensor x = dense_input(input);
-  const Tensor gout = grad_out.contiguous(), lse_out = out.contiguous();
-  const Tensor mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
+  const Tensor gout = contig(grad_out), lse_out = contig(out);
+  const Tensor mean_c = contig(mean), rstd_c = contig(rstd);
   const Tensor shift = float_or_undef(input_bias), gamma = float_or_undef(weight), beta = float_or_undef(bias);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(x);
   // Pass 1: per-channel sums (sum dy*(v - mean), sum dy) of dy = dL/dGroupNorm(v).
   LseArgs a = make_args(op, lse::kLseGradStats, x, s, act, residual, {x.data_ptr()});
-  a.x = x.data_ptr(), a.shift = fptr(shift), a.mean = mean_c.data_ptr<float>(), a.rstd = rstd_c.data_ptr<float>();
+  a.x = x.data_ptr(), a.shift = fptr(shift), a.mean = ptr<float>(mean_c), a.rstd = ptr<float>(rstd_c);
   a.gamma = fptr(gamma), a.beta = fptr(beta), a.out = const_cast<void*>(lse_out.data_ptr()), a.grad = gout.data_ptr();
-  Tensor partial = at::empty({s.N * a.K * s.C * 2}, mean_c.options());
-  a.partial = partial.data_ptr<float>();
-  C10_CUDA_CHECK(lse::launch_lse(lse::kLseGradStats, a, stream));
+  Tensor partial = empty_on(x, {s.N * a.K * s.C * 2}, ScalarType::Float);
+  a.partial = ptr<float>(partial);
+  GNEXT_CUDA_CHECK(lse::launch_lse(lse::kLseGradStats, a, stream));
   const bool want_dv = mask[0] || mask[1];
   const Tensor coef =
       group_norm_grad_finalize_cuda(partial, a.K, s, mean_c, rstd_c, weight, dw, db, /*want_coef=*/want_dv);
   if (!want_dv) return {dx, dib, dw, db};
   // Pass 2: grad of v (= grad input), and its per-channel sums for grad input_bias.
   // dx has x's layout (dense_input and group_norm_memory_format follow the same rule).
-  const Tensor dv_out = mask[0] ? *dx : at::empty_like(x);
+  const Tensor dv_out = mask[0] ? *dx : empty_as(x, suggest_format(x));
   LseArgs b = make_args(op, lse::kLseGradInput, x, s, act, residual, {x.data_ptr(), dv_out.data_ptr()});
   b.x = a.x, b.shift = a.shift, b.mean = a.mean, b.rstd = a.rstd, b.gamma = a.gamma, b.beta = a.beta, b.out = a.out;
-  b.grad = a.grad, b.coef = reinterpret_cast<const float4*>(coef.data_ptr<float>()), b.dx = dv_out.data_ptr();
-  Tensor bias_partial = mask[1] ? at::empty({s.N * b.K, s.C}, mean_c.options()) : Tensor();
-  b.partial = mask[1] ? bias_partial.data_ptr<float>() : nullptr;
-  C10_CUDA_CHECK(lse::launch_lse(lse::kLseGradInput, b, stream));
-  if (mask[1]) dib->copy_(bias_partial.sum(0));
+  b.grad = a.grad, b.coef = reinterpret_cast<const float4*>(ptr<float>(coef)), b.dx = dv_out.data_ptr();
+  Tensor bias_partial = mask[1] ? empty_on(x, {s.N * b.K, s.C}, ScalarType::Float) : Tensor();
+  b.partial = mask[1] ? ptr<float>(bias_partial) : nullptr;
+  GNEXT_CUDA_CHECK(lse::launch_lse(lse::kLseGradInput, b, stream));
+  if (mask[1]) copy_into(*dib, torch::stable::sum(bias_partial, std::vector<int64_t>{0}));
   return {dx, dib, dw, db};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
-  m.impl("group_norm_act_logsumexp", &lse_cuda);
-  m.impl("group_norm_act_logsumexp_backward", &lse_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
+  m.impl("group_norm_act_logsumexp", TORCH_BOX(&lse_cuda));
+  m.impl("group_norm_act_logsumexp_backward", TORCH_BOX(&lse_backward_cuda));
 }
 
 }  // namespace gnext

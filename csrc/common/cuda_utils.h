@@ -1,0 +1,69 @@
+// CUDA host helpers of the stable-ABI ops (C++ files compiled by the host compiler): the current
+// stream and device guard through torch::stable, device attributes from the CUDA runtime (cached per
+// device), and a check for CUDA runtime errors.
+#pragma once
+#ifndef USE_CUDA
+#error "cuda_utils.h needs -DUSE_CUDA (the CUDA entry points of the stable C shim; setup.py sets it)"
+#endif
+#include <cuda_runtime.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+
+#include <array>
+#include <mutex>
+
+#include "stable.h"
+
+namespace gnext {
+
+#define GNEXT_CUDA_CHECK(expr)                                                                         \
+  do {                                                                                                 \
+    const cudaError_t gnext_err_ = (expr);                                                             \
+    GNEXT_CHECK(gnext_err_ == cudaSuccess, "gnext: CUDA error: ", cudaGetErrorString(gnext_err_), " (", \
+                #expr, ")");                                                                           \
+  } while (0)
+
+// The current CUDA stream of t's device (torch.cuda.current_stream()).
+inline cudaStream_t current_stream(const Tensor& t) {
+  void* s = nullptr;
+  GNEXT_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &s) == AOTI_TORCH_SUCCESS,
+              "gnext: cannot get the current CUDA stream of ", device_name(t));
+  return static_cast<cudaStream_t>(s);
+}
+
+// Makes t's device current for the scope (c10::cuda::CUDAGuard).
+struct DeviceGuard {
+  explicit DeviceGuard(const Tensor& t) : g(t.get_device_index()) {}
+  torch::stable::accelerator::DeviceGuard g;
+};
+
+// What the launch planners read of cudaDeviceProp (read once per device).
+struct DeviceProps {
+  int multiProcessorCount;
+  size_t sharedMemPerBlockOptin, sharedMemPerMultiprocessor, reservedSharedMemPerBlock;
+};
+
+// Of the current device (the ops set it with DeviceGuard first).
+inline const DeviceProps& device_props() {
+  constexpr int kMaxDevices = 64;
+  static std::array<DeviceProps, kMaxDevices> props;
+  static std::array<std::once_flag, kMaxDevices> once;
+  int dev = 0;
+  GNEXT_CUDA_CHECK(cudaGetDevice(&dev));
+  GNEXT_CHECK(dev >= 0 && dev < kMaxDevices, "gnext: CUDA device index ", dev, " out of range");
+  std::call_once(once[dev], [dev] {
+    auto attr = [dev](cudaDeviceAttr a) {
+      int v = 0;
+      GNEXT_CUDA_CHECK(cudaDeviceGetAttribute(&v, a, dev));
+      return v;
+    };
+    DeviceProps& p = props[dev];
+    p.multiProcessorCount = attr(cudaDevAttrMultiProcessorCount);
+    p.sharedMemPerBlockOptin = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+    p.sharedMemPerMultiprocessor = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
+    p.reservedSharedMemPerBlock = static_cast<size_t>(attr(cudaDevAttrReservedSharedMemoryPerBlock));
+  });
+  return props[dev];
+}
+
+}  // namespace gnext

@@ -1,0 +1,432 @@
+"""CPU kernels of torch.ops.gnext.*: reference-quality composites of ATen ops with float32
+accumulation (correct first; the fast path is CUDA). They are registered from Python because the
+compiled module uses only PyTorch's stable ABI (csrc/common/stable.h), which offers no ATen math.
+
+The argument checks raise the same messages as the CUDA implementations (csrc/group_norm/group_norm.h,
+csrc/group_norm_act/group_norm_act_lse.cpp, csrc/conv_gelu_gn/conv_gelu_gn_cuda.cpp); tests/test_errors.py
+runs every message on both devices.
+
+GroupNorm (Wu & He 2018): out = (x - mean[n, g]) * rstd[n, g] * weight[c] + bias[c], with mean and
+the biased variance over the D = C / G channels x HxW elements of each group, rstd = 1 / sqrt(var + eps).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._ops import _memory_format, ops  # noqa: F401  (the schema is defined by the compiled module)
+
+_DTYPE_NAMES = {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double",
+                torch.int32: "Int", torch.int64: "Long", torch.int16: "Short", torch.int8: "Char",
+                torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat"}
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ACTIVATIONS = ("identity", "silu", "gelu", "gelu_tanh", "relu", "tanh", "hardswish", "tanh_hardswish")
+
+
+def _dt(t: torch.Tensor | torch.dtype) -> str:
+    """The dtype as c10 prints it (the C++ messages' spelling)."""
+    d = t if isinstance(t, torch.dtype) else t.dtype
+    return _DTYPE_NAMES.get(d, str(d))
+
+
+def _check(cond: bool, msg) -> None:
+    if not cond:
+        raise RuntimeError(msg() if callable(msg) else msg)
+
+
+def _shape(t: torch.Tensor) -> list:
+    return list(t.shape)
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks (same rules and messages as C++)
+
+def check_group_norm_args(op, input, num_groups, weight, bias):
+    """Returns (N, C, G, D, HxW)."""
+    _check(input.dim() >= 2, lambda: f"{op}: input must have shape (N, C, *) with at least 2 dims, got "
+                                     f"input.dim()={input.dim()} (shape {_shape(input)})")
+    _check(input.dtype in _FLOAT_DTYPES,
+           lambda: f"{op}: input dtype must be float32, float16 or bfloat16, got {_dt(input)}")
+    _check(num_groups > 0, lambda: f"{op}: num_groups must be positive, got num_groups={num_groups}")
+    N, C = input.shape[0], input.shape[1]
+    _check(C % num_groups == 0, lambda: f"{op}: num_channels C={C} must be divisible by num_groups={num_groups} "
+                                        f"(input shape {_shape(input)})")
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        if t is None:
+            continue
+        _check(t.dim() == 1 and t.shape[0] == C,
+               lambda: f"{op}: {name} must have shape (C,) = ({C}), got {name}.shape={_shape(t)}")
+        _check(t.device == input.device, lambda: f"{op}: {name} is on {t.device} but input is on {input.device}")
+        _check(t.dtype == input.dtype or t.dtype == torch.float32,
+               lambda: f"{op}: {name} dtype must match input ({_dt(input)}) or be float32, got {_dt(t)}")
+    if weight is not None and bias is not None:
+        _check(weight.dtype == bias.dtype,
+               lambda: f"{op}: weight ({_dt(weight)}) and bias ({_dt(bias)}) must have the same dtype")
+    HxW = 1
+    for d in input.shape[2:]:
+        HxW *= d
+    return N, C, num_groups, C // num_groups, HxW
+
+
+def check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups):
+    s = check_group_norm_args(op, input, num_groups, weight, None)
+    N, G = s[0], s[2]
+    _check(grad_out.shape == input.shape,
+           lambda: f"{op}: grad_out.shape={_shape(grad_out)} must equal input.shape={_shape(input)}")
+    _check(grad_out.dtype == input.dtype,
+           lambda: f"{op}: grad_out dtype ({_dt(grad_out)}) must equal input dtype ({_dt(input)})")
+    _check(grad_out.device == input.device,
+           lambda: f"{op}: grad_out is on {grad_out.device} but input is on {input.device}")
+    for t, name in ((mean, "mean"), (rstd, "rstd")):
+        _check(t.dtype == torch.float32, lambda: f"{op}: {name} must be float32, got {_dt(t)}")
+        _check(t.numel() == N * G, lambda: f"{op}: {name} must have N*G={N * G} elements, got shape {_shape(t)}")
+        _check(t.device == input.device, lambda: f"{op}: {name} is on {t.device} but input is on {input.device}")
+    return s
+
+
+def check_residual(op, input, residual):
+    if residual is None:
+        return
+    _check(residual.shape == input.shape,
+           lambda: f"{op}: residual.shape={_shape(residual)} must equal input.shape={_shape(input)}")
+    _check(residual.dtype == input.dtype,
+           lambda: f"{op}: residual dtype ({_dt(residual)}) must equal input dtype ({_dt(input)})")
+    _check(residual.device == input.device,
+           lambda: f"{op}: residual is on {residual.device} but input is on {input.device}")
+
+
+def parse_activation(op, activation):
+    _check(activation in _ACTIVATIONS, lambda: f"{op}: activation must be one of {', '.join(_ACTIVATIONS)}; "
+                                               f"got '{activation}'")
+    return activation
+
+
+def check_lse_args(op, input, input_bias, num_groups, weight, bias):
+    s = check_group_norm_args(op, input, num_groups, weight, bias)
+    C = s[1]
+    if input_bias is not None:
+        b = input_bias
+        _check(b.dim() == 1 and b.shape[0] == C,
+               lambda: f"{op}: input_bias must have shape (C,) = ({C}), got input_bias.shape={_shape(b)}")
+        _check(b.device == input.device, lambda: f"{op}: input_bias is on {b.device} but input is on {input.device}")
+        _check(b.dtype == input.dtype or b.dtype == torch.float32,
+               lambda: f"{op}: input_bias dtype must match input ({_dt(input)}) or be float32, got {_dt(b)}")
+    return s
+
+
+def _lse_out_shape(input):
+    return [input.shape[0], 1, *input.shape[2:]]
+
+
+def check_lse_backward_args(op, s, input, grad_out, out, mean, rstd):
+    want = _lse_out_shape(input)
+    for t, name in ((grad_out, "grad_out"), (out, "out")):
+        _check(list(t.shape) == want, lambda: f"{op}: {name}.shape={_shape(t)} must be (N, 1, *) = {want}")
+        _check(t.dtype == input.dtype, lambda: f"{op}: {name} dtype ({_dt(t)}) must equal input dtype ({_dt(input)})")
+        _check(t.device == input.device, lambda: f"{op}: {name} is on {t.device} but input is on {input.device}")
+    NG = s[0] * s[2]
+    for t, name in ((mean, "mean"), (rstd, "rstd")):
+        _check(t.dtype == torch.float32 and t.numel() == NG,
+               lambda: f"{op}: {name} must be float32 with N*G={NG} elements, got {_dt(t)} of shape {_shape(t)}")
+        _check(t.device == input.device, lambda: f"{op}: {name} is on {t.device} but input is on {input.device}")
+
+
+def check_conv_args(op, input, weight, conv_bias, stride, padding, output_padding, dilation, groups):
+    _check(input.dim() == 4, lambda: f"{op}: input must be (N, C_in, H, W), got input.dim()={input.dim()} "
+                                     f"(shape {_shape(input)})")
+    _check(input.dtype in _FLOAT_DTYPES,
+           lambda: f"{op}: input dtype must be float32, float16 or bfloat16, got {_dt(input)}")
+    _check(weight.dim() == 4, lambda: f"{op}: weight must be (C_in, C_out / groups, kH, kW), got shape "
+                                      f"{_shape(weight)}")
+    _check(weight.dtype == input.dtype,
+           lambda: f"{op}: weight dtype ({_dt(weight)}) must equal input dtype ({_dt(input)})")
+    _check(weight.device == input.device, lambda: f"{op}: weight is on {weight.device} but input is on {input.device}")
+    _check(groups > 0 and input.shape[1] % groups == 0 and weight.shape[0] == input.shape[1],
+           lambda: f"{op}: weight.shape[0]={weight.shape[0]} must equal C_in={input.shape[1]} and C_in must be "
+                   f"divisible by groups={groups}")
+    for lst, name in ((stride, "stride"), (padding, "padding"), (output_padding, "output_padding"),
+                      (dilation, "dilation")):
+        _check(len(lst) == 2, lambda: f"{op}: {name} must have 2 elements, got {list(lst)}")
+    c_out = weight.shape[1] * groups
+    if conv_bias is not None:
+        _check(conv_bias.dim() == 1 and conv_bias.shape[0] == c_out,
+               lambda: f"{op}: conv_bias must have shape (C_out,) = ({c_out}), got {_shape(conv_bias)}")
+        _check(conv_bias.device == input.device,
+               lambda: f"{op}: conv_bias is on {conv_bias.device} but input is on {input.device}")
+        _check(conv_bias.dtype == input.dtype,
+               lambda: f"{op}: conv_bias dtype ({_dt(conv_bias)}) must equal input dtype ({_dt(input)})")
+
+
+def _gelu_approximate(op, approximate):
+    _check(approximate in ("none", "tanh"),
+           lambda: f"{op}: approximate must be 'none' or 'tanh' (as in F.gelu), got '{approximate}'")
+    return approximate
+
+
+def _param_grad_dtype(input, weight):
+    return weight.dtype if weight is not None else input.dtype
+
+
+# ------------------------------------------------------------------------------------------------
+# Composites
+
+def _grouped_float(t, s):
+    N, C, G, D, HxW = s
+    return t.float().contiguous().view(N, G, D, HxW)
+
+
+def _param_grouped(p, s):
+    return p.float().view(1, s[2], s[3], 1)
+
+
+def _group_norm(op, input, num_groups, weight, bias, eps):
+    s = check_group_norm_args(op, input, num_groups, weight, bias)
+    N, C, G, D, HxW = s
+    out = torch.empty(input.shape, dtype=input.dtype, memory_format=_memory_format(input))
+    if input.numel() == 0:
+        nan = torch.full((N, G), float("nan"))
+        return out, nan, nan.clone()
+    x = _grouped_float(input, s)
+    var, mu = torch.var_mean(x, (2, 3), correction=0, keepdim=True)
+    r = (var + eps).rsqrt()
+    y = (x - mu) * r
+    if weight is not None:
+        y = y * _param_grouped(weight, s)
+    if bias is not None:
+        y = y + _param_grouped(bias, s)
+    out.copy_(y.view(input.shape))
+    return out, mu.view(N, G).contiguous(), r.view(N, G).contiguous()
+
+
+def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, output_mask):
+    s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups)
+    N, C, G, D, HxW = s
+    pdtype = _param_grad_dtype(input, weight)
+    empty = input.numel() == 0
+
+    def param(wanted):
+        if not wanted:
+            return None
+        return torch.zeros(C, dtype=pdtype) if empty else torch.empty(C, dtype=pdtype)
+
+    dx = torch.empty(input.shape, dtype=input.dtype, memory_format=_memory_format(input)) if output_mask[0] else None
+    dgamma, dbeta = param(output_mask[1]), param(output_mask[2])
+    if empty:
+        return dx, dgamma, dbeta
+    x, dy = _grouped_float(input, s), _grouped_float(grad_out, s)
+    mu = mean.float().reshape(N, G, 1, 1)
+    r = rstd.float().reshape(N, G, 1, 1)
+    xc = x - mu
+    dsc = (dy * xc).sum(3, keepdim=True)  # per (n, c): sum dy * (x - mean), sum dy
+    dbc = dy.sum(3, keepdim=True)
+    if dgamma is not None:
+        dgamma.copy_((dsc * r).sum(0).reshape(C))
+    if dbeta is not None:
+        dbeta.copy_(dbc.sum(0).reshape(C))
+    if dx is not None:
+        gamma = _param_grouped(weight, s) if weight is not None else torch.ones(1, G, D, 1)
+        inv_count = 1.0 / (D * HxW)
+        sum1 = (gamma * dsc).sum((2, 3), keepdim=True)
+        sum2 = (gamma * dbc).sum((2, 3), keepdim=True)
+        # dx = rstd*gamma*dy + c2*(x - mean) + c3, c2 = -rstd^3*sum1/(D*HxW), c3 = -rstd*sum2/(D*HxW)
+        c2 = -r.pow(3) * sum1 * inv_count
+        c3 = -r * sum2 * inv_count
+        dx.copy_((r * gamma * dy + c2 * xc + c3).view(input.shape))
+    return dx, dgamma, dbeta
+
+
+def apply_act(n, act):
+    if act == "silu":
+        return F.silu(n)
+    if act == "gelu":
+        return F.gelu(n)
+    if act == "gelu_tanh":
+        return F.gelu(n, approximate="tanh")
+    if act == "relu":
+        return torch.relu(n)
+    if act == "tanh":
+        return torch.tanh(n)
+    if act == "hardswish":
+        return F.hardswish(n)
+    if act == "tanh_hardswish":
+        return F.hardswish(torch.tanh(n))
+    return n
+
+
+def act_backward(g, n, act):
+    """dL/dn from g = dL/d act(n)."""
+    aten = torch.ops.aten
+    if act == "silu":
+        return aten.silu_backward(g, n)
+    if act == "gelu":
+        return aten.gelu_backward(g, n)
+    if act == "gelu_tanh":
+        return aten.gelu_backward(g, n, approximate="tanh")
+    if act == "relu":
+        return aten.threshold_backward(g, n, 0)
+    if act == "tanh":
+        return aten.tanh_backward(g, torch.tanh(n))
+    if act == "hardswish":
+        return aten.hardswish_backward(g, n)
+    if act == "tanh_hardswish":
+        t = torch.tanh(n)
+        return aten.tanh_backward(aten.hardswish_backward(g, t), t)
+    return g
+
+
+def _normalized(v, s, mean, rstd, weight, bias):
+    """GroupNorm(v) in float32 from mean/rstd, in v's shape (v float32)."""
+    N, C, G, D, HxW = s
+    n = (v.reshape(N, G, D, HxW) - mean.view(N, G, 1, 1)) * rstd.view(N, G, 1, 1)
+    if weight is not None:
+        n = n * _param_grouped(weight, s)
+    if bias is not None:
+        n = n + _param_grouped(bias, s)
+    return n.view(v.shape)
+
+
+def group_norm(input, num_groups, weight, bias, eps):
+    return _group_norm("gnext.group_norm", input, num_groups, weight, bias, eps)
+
+
+def group_norm_backward(grad_out, input, mean, rstd, weight, num_groups, output_mask):
+    return _group_norm_backward("gnext.group_norm_backward", grad_out, input, mean, rstd, weight, num_groups,
+                                output_mask)
+
+
+def group_norm_act(input, num_groups, weight, bias, eps, activation, residual):
+    op = "gnext.group_norm_act"
+    act = parse_activation(op, activation)
+    check_group_norm_args(op, input, num_groups, weight, bias)
+    check_residual(op, input, residual)
+    n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
+    out = apply_act(n, act)
+    if residual is not None:
+        out = out + residual
+    return out.contiguous(memory_format=_memory_format(input)), mean, rstd
+
+
+def group_norm_act_backward(grad_out, input, mean, rstd, weight, bias, num_groups, activation, output_mask):
+    op = "gnext.group_norm_act_backward"
+    act = parse_activation(op, activation)
+    s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups)
+    if bias is not None:
+        check_group_norm_args(op, input, num_groups, weight, bias)
+    dn = grad_out
+    if act != "identity" and input.numel() > 0:
+        n = _normalized(input.float().contiguous(), s, mean, rstd, weight, bias)
+        dn = act_backward(grad_out.float().contiguous(), n, act).to(input.dtype)
+    return _group_norm_backward(op, dn, input, mean, rstd, weight, num_groups, output_mask)
+
+
+def _biased_float(input, input_bias):
+    v = input.float()
+    if input_bias is None:
+        return v
+    shape = [1] * input.dim()
+    shape[1] = input.shape[1]
+    return v + input_bias.float().view(shape)
+
+
+def _float_or_none(t):
+    return None if t is None else t.float()
+
+
+def _residual_act(v, s, mean, rstd, weight, bias, act, residual):
+    n = _normalized(v.contiguous(), s, mean, rstd, weight, bias)
+    r = apply_act(n, act)
+    return (r + v if residual else r), n
+
+
+def group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation, residual):
+    op = "gnext.group_norm_act_logsumexp"
+    s = check_lse_args(op, input, input_bias, num_groups, weight, bias)
+    act = parse_activation(op, activation)
+    v = _biased_float(input, input_bias)
+    _, mean, rstd = _group_norm(op, v, num_groups, _float_or_none(weight), _float_or_none(bias), eps)
+    r, _ = _residual_act(v, s, mean, rstd, weight, bias, act, residual)
+    return torch.logsumexp(r, 1, keepdim=True).to(input.dtype).contiguous(), mean, rstd
+
+
+def group_norm_act_logsumexp_backward(grad_out, out, input, input_bias, mean, rstd, weight, bias, num_groups,
+                                      activation, residual, output_mask):
+    op = "gnext.group_norm_act_logsumexp_backward"
+    s = check_lse_args(op, input, input_bias, num_groups, weight, bias)
+    check_lse_backward_args(op, s, input, grad_out, out, mean, rstd)
+    act = parse_activation(op, activation)
+    _check(not output_mask[1] or input_bias is not None,
+           f"{op}: grad of input_bias requested without input_bias")
+    v = _biased_float(input, input_bias)
+    r, n = _residual_act(v, s, mean, rstd, weight, bias, act, residual)
+    dr = grad_out.float() * torch.exp(r - out.float())
+    dn = act_backward(dr, n, act)
+    dv, dw, db = _group_norm_backward(op, dn, v, mean, rstd, _float_or_none(weight), num_groups,
+                                      [output_mask[0] or output_mask[1], output_mask[2], output_mask[3]])
+    dx = dib = None
+    if output_mask[0] or output_mask[1]:
+        d = dv + dr if residual else dv
+        if output_mask[1]:
+            dims = [i for i in range(input.dim()) if i != 1]
+            dib = d.sum(dims).to(input_bias.dtype)
+        if output_mask[0]:
+            dx = d.to(input.dtype).contiguous(memory_format=_memory_format(input))
+    pdtype = _param_grad_dtype(input, weight)
+    return dx, dib, None if dw is None else dw.to(pdtype), None if db is None else db.to(pdtype)
+
+
+def _conv_format(input):
+    """The input's own layout (channels_last stays channels_last) on the CPU."""
+    if input.dim() == 4 and not input.is_contiguous() and input.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _bias_gelu(z, conv_bias, approximate):
+    u = z + conv_bias.view(1, -1, 1, 1) if conv_bias is not None else z
+    return F.gelu(u, approximate=approximate), u
+
+
+def conv_transpose2d_gelu_group_norm(input, weight, conv_bias, stride, padding, output_padding, dilation, groups,
+                                     num_groups, gn_weight, gn_bias, eps, approximate):
+    op = "gnext.conv_transpose2d_gelu_group_norm"
+    check_conv_args(op, input, weight, conv_bias, stride, padding, output_padding, dilation, groups)
+    approximate = _gelu_approximate(op, approximate)
+    fmt = _conv_format(input)
+    z = F.conv_transpose2d(input.contiguous(memory_format=fmt), weight, None, stride, padding, output_padding,
+                           groups, dilation).contiguous(memory_format=fmt)
+    a, _ = _bias_gelu(z, conv_bias, approximate)
+    out, mean, rstd = _group_norm(op, a, num_groups, gn_weight, gn_bias, eps)
+    return out, z, mean, rstd
+
+
+def conv_transpose2d_gelu_group_norm_backward(grad_out, input, weight, conv_bias, z, mean, rstd, gn_weight, stride,
+                                              padding, output_padding, dilation, groups, num_groups, approximate,
+                                              output_mask):
+    op = "gnext.conv_transpose2d_gelu_group_norm_backward"
+    check_conv_args(op, input, weight, conv_bias, stride, padding, output_padding, dilation, groups)
+    approximate = _gelu_approximate(op, approximate)
+    need_dz = output_mask[0] or output_mask[1] or (output_mask[2] and conv_bias is not None)
+    a, u = _bias_gelu(z, conv_bias, approximate)
+    da, dgw, dgb = _group_norm_backward(op, grad_out, a, mean, rstd, gn_weight, num_groups,
+                                        [need_dz, output_mask[3], output_mask[4]])
+    dz = torch.ops.aten.gelu_backward(da, u, approximate=approximate) if da is not None else None
+    dinput = dweight = dbias = None
+    if output_mask[2] and conv_bias is not None:
+        dbias = dz.sum((0, 2, 3), dtype=torch.float32).to(conv_bias.dtype)
+    if output_mask[0] or output_mask[1]:
+        fmt = _conv_format(input)
+        gi, gw, _ = torch.ops.aten.convolution_backward(
+            dz.contiguous(memory_format=fmt), input.contiguous(memory_format=fmt), weight, None, stride, padding,
+            dilation, True, output_padding, groups, [output_mask[0], output_mask[1], False])
+        if output_mask[0]:
+            dinput = gi.contiguous(memory_format=fmt)
+        if output_mask[1]:
+            dweight = gw.contiguous(memory_format=_conv_format(weight))
+    return dinput, dweight, dbias, dgw, dgb
+
+
+_lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module
+for _fn in (group_norm, group_norm_backward, group_norm_act, group_norm_act_backward, group_norm_act_logsumexp,
+            group_norm_act_logsumexp_backward, conv_transpose2d_gelu_group_norm,
+            conv_transpose2d_gelu_group_norm_backward):
+    _lib.impl(_fn.__name__, _fn, "CPU")
