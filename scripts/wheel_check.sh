@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sdist -> wheel -> fresh virtual environment -> GPU test suite against the INSTALLED wheel (issue 6).
 #   OUT=dir bash scripts/wheel_check.sh        (on the GPU machine; needs torch, build, pytest there)
-#   WHEEL=gnext-...whl OUT=dir bash scripts/wheel_check.sh
+#   WHEEL=gnext-...whl [TESTS=tests/test_x.py] [BENCH_ARGS=...] OUT=dir bash scripts/wheel_check.sh
 #                                              (a wheel built elsewhere, e.g. on the CPU machine against
 #                                               another torch release: steps 1-2 are skipped)
 # 1. python -m build --sdist from this checkout (MANIFEST.in decides what ships);
@@ -45,7 +45,7 @@ cd "$src"
 "$work/venv/bin/python" -m groupnorm_ext --info
 set +e
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout ${TEST_TIMEOUT:-400} "$work/venv/bin/python" -P -m pytest -q -p no:cacheprovider tests > "$OUT/pytest_wheel.log" 2>&1
+  timeout ${TEST_TIMEOUT:-400} "$work/venv/bin/python" -P -m pytest -q -p no:cacheprovider ${TESTS:-tests} > "$OUT/pytest_wheel.log" 2>&1
   echo "pytest against the installed wheel rc=$?: $(tail -1 "$OUT/pytest_wheel.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_wheel.log" | head -10
 fi
