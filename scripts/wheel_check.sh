@@ -64,4 +64,9 @@ if [ -n "${SANITIZE_ONLY:-}" ]; then
     echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${SANITIZE_ONLY}_$tool.log" | tail -1)"
   done
 fi
+# EXTRA="...": more commands against the installed wheel, run in the test directory with the venv's
+# python first on PATH (e.g. EXTRA="python scripts/host_overhead.py").
+if [ -n "${EXTRA:-}" ]; then
+  (export PATH="$work/venv/bin:$PATH"; eval "$EXTRA")
+fi
 exit 0
