@@ -41,6 +41,12 @@ def _shape(t: torch.Tensor) -> list:
 # ------------------------------------------------------------------------------------------------
 # Checks (same rules and messages as C++)
 
+def _check_like_input(op, name, t, input):
+    """t must have input's dtype and device."""
+    _check(t.dtype == input.dtype, lambda: f"{op}: {name} dtype ({_dt(t)}) must equal input dtype ({_dt(input)})")
+    _check(t.device == input.device, lambda: f"{op}: {name} is on {t.device} but input is on {input.device}")
+
+
 def check_group_norm_args(op, input, num_groups, weight, bias):
     """Returns (N, C, G, D, HxW)."""
     _check(input.dim() >= 2, lambda: f"{op}: input must have shape (N, C, *) with at least 2 dims, got "
@@ -73,10 +79,7 @@ def check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_
     N, G = s[0], s[2]
     _check(grad_out.shape == input.shape,
            lambda: f"{op}: grad_out.shape={_shape(grad_out)} must equal input.shape={_shape(input)}")
-    _check(grad_out.dtype == input.dtype,
-           lambda: f"{op}: grad_out dtype ({_dt(grad_out)}) must equal input dtype ({_dt(input)})")
-    _check(grad_out.device == input.device,
-           lambda: f"{op}: grad_out is on {grad_out.device} but input is on {input.device}")
+    _check_like_input(op, "grad_out", grad_out, input)
     for t, name in ((mean, "mean"), (rstd, "rstd")):
         _check(t.dtype == torch.float32, lambda: f"{op}: {name} must be float32, got {_dt(t)}")
         _check(t.numel() == N * G, lambda: f"{op}: {name} must have N*G={N * G} elements, got shape {_shape(t)}")
@@ -89,10 +92,7 @@ def check_residual(op, input, residual):
         return
     _check(residual.shape == input.shape,
            lambda: f"{op}: residual.shape={_shape(residual)} must equal input.shape={_shape(input)}")
-    _check(residual.dtype == input.dtype,
-           lambda: f"{op}: residual dtype ({_dt(residual)}) must equal input dtype ({_dt(input)})")
-    _check(residual.device == input.device,
-           lambda: f"{op}: residual is on {residual.device} but input is on {input.device}")
+    _check_like_input(op, "residual", residual, input)
 
 
 def parse_activation(op, activation):
@@ -122,8 +122,7 @@ def check_lse_backward_args(op, s, input, grad_out, out, mean, rstd):
     want = _lse_out_shape(input)
     for t, name in ((grad_out, "grad_out"), (out, "out")):
         _check(list(t.shape) == want, lambda: f"{op}: {name}.shape={_shape(t)} must be (N, 1, *) = {want}")
-        _check(t.dtype == input.dtype, lambda: f"{op}: {name} dtype ({_dt(t)}) must equal input dtype ({_dt(input)})")
-        _check(t.device == input.device, lambda: f"{op}: {name} is on {t.device} but input is on {input.device}")
+        _check_like_input(op, name, t, input)
     NG = s[0] * s[2]
     for t, name in ((mean, "mean"), (rstd, "rstd")):
         _check(t.dtype == torch.float32 and t.numel() == NG,
@@ -138,9 +137,7 @@ def check_conv_args(op, input, weight, conv_bias, stride, padding, output_paddin
            lambda: f"{op}: input dtype must be float32, float16 or bfloat16, got {_dt(input)}")
     _check(weight.dim() == 4, lambda: f"{op}: weight must be (C_in, C_out / groups, kH, kW), got shape "
                                       f"{_shape(weight)}")
-    _check(weight.dtype == input.dtype,
-           lambda: f"{op}: weight dtype ({_dt(weight)}) must equal input dtype ({_dt(input)})")
-    _check(weight.device == input.device, lambda: f"{op}: weight is on {weight.device} but input is on {input.device}")
+    _check_like_input(op, "weight", weight, input)
     _check(groups > 0 and input.shape[1] % groups == 0 and weight.shape[0] == input.shape[1],
            lambda: f"{op}: weight.shape[0]={weight.shape[0]} must equal C_in={input.shape[1]} and C_in must be "
                    f"divisible by groups={groups}")
@@ -151,10 +148,7 @@ def check_conv_args(op, input, weight, conv_bias, stride, padding, output_paddin
     if conv_bias is not None:
         _check(conv_bias.dim() == 1 and conv_bias.shape[0] == c_out,
                lambda: f"{op}: conv_bias must have shape (C_out,) = ({c_out}), got {_shape(conv_bias)}")
-        _check(conv_bias.device == input.device,
-               lambda: f"{op}: conv_bias is on {conv_bias.device} but input is on {input.device}")
-        _check(conv_bias.dtype == input.dtype,
-               lambda: f"{op}: conv_bias dtype ({_dt(conv_bias)}) must equal input dtype ({_dt(input)})")
+        _check_like_input(op, "conv_bias", conv_bias, input)
 
 
 def _gelu_approximate(op, approximate):
