@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._ops import _memory_format, ops  # noqa: F401  (the schema is defined by the compiled module)
+from ._ops import _memory_format  # (importing _ops loads the compiled module, which defines the schema)
 
 _DTYPE_NAMES = {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double",
                 torch.int32: "Int", torch.int64: "Long", torch.int16: "Short", torch.int8: "Char",

@@ -68,10 +68,6 @@ inline bool same_shape(IntArrayRef a, IntArrayRef b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
 }
 
-inline bool is_float_dtype(ScalarType t) {
-  return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16;
-}
-
 // Dense in the given memory format (at::Tensor::is_contiguous(memory_format), from the strides:
 // dimensions of size 1 may have any stride).
 inline bool is_dense_in(const Tensor& t, MemoryFormat fmt) {

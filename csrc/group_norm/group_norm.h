@@ -17,7 +17,9 @@ struct GNShape {
   int64_t N, C, G, D, HxW;
 };
 
-inline bool is_supported_dtype(ScalarType t) { return is_float_dtype(t); }
+inline bool is_supported_dtype(ScalarType t) {
+  return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16;
+}
 
 // Checks input/num_groups/weight/bias and returns the problem sizes. `op` names the caller in messages.
 inline GNShape check_group_norm_args(const char* op, const Tensor& input, int64_t num_groups,
