@@ -2,7 +2,11 @@
 
 Environment variables:
   GNEXT_CPU_ONLY=1       build only the C++ (CPU) sources, no CUDA toolkit needed.
-  TORCH_CUDA_ARCH_LIST   CUDA archs to compile for (default here: "9.0").
+  TORCH_CUDA_ARCH_LIST   CUDA archs to compile for (default here: "9.0a"). "9.0" is compiled as "9.0a"
+                         (the same GPUs: H100/H200/GH200), whose wgmma/TMA the Hopper conv needs.
+  GNEXT_CUTLASS_DIR      a CUTLASS source tree (include/, tools/util/include/); default: the headers of
+                         the pip package nvidia-cutlass. Without CUTLASS the fused conv op uses its
+                         ATen/cuDNN path only.
   MAX_JOBS               parallel compile jobs (ninja).
   CUDA_HOME              CUDA toolkit root (default /usr/local/cuda when it exists).
 
@@ -25,7 +29,11 @@ from setuptools import find_packages, setup
 ROOT = os.path.dirname(os.path.abspath(__file__))
 if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda"):
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
+# sm_90a (not sm_90): same GPUs, plus the wgmma / TMA instructions of the Hopper conv kernel.
+os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(
+    a.replace("9.0", "9.0a", 1) if a.split("+")[0] == "9.0" else a
+    for a in os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";") if a)
 
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME  # noqa: E402
 
@@ -39,6 +47,28 @@ def pip_cuda_include_dirs():
             if os.path.isdir(d) and d not in dirs:
                 dirs.append(d)
     return dirs
+
+
+def cutlass_include_dirs():
+    """CUTLASS headers: GNEXT_CUTLASS_DIR, else the pip package nvidia-cutlass
+    (cutlass_library/source); [] when neither is there."""
+    root = os.environ.get("GNEXT_CUTLASS_DIR")
+    if not root:
+        import importlib.util
+
+        spec = importlib.util.find_spec("cutlass_library")
+        if spec is None or spec.origin is None:
+            return []
+        root = os.path.join(os.path.dirname(spec.origin), "source")
+    inc, util = os.path.join(root, "include"), os.path.join(root, "tools", "util", "include")
+    ok = os.path.isfile(os.path.join(inc, "cutlass", "cutlass.h")) and os.path.isdir(util)
+    return [inc, util] if ok else []
+
+
+def hopper_conv_enabled():
+    """The fused op's Hopper conv kernel is compiled: CUTLASS headers found and sm_90a in the archs."""
+    archs = [a.split("+")[0] for a in os.environ["TORCH_CUDA_ARCH_LIST"].split(";")]
+    return bool(cutlass_include_dirs()) and "9.0a" in archs
 
 
 VERSION = "0.1.0"
@@ -57,6 +87,7 @@ def write_build_info(use_cuda):
         "torch_min": ".".join(map(str, TORCH_TARGET)),
         "cuda": torch.version.cuda if use_cuda else None,
         "cuda_archs": os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split() if use_cuda else [],
+        "hopper_conv": bool(use_cuda and hopper_conv_enabled()),
     }
     with open(os.path.join(ROOT, "groupnorm_ext", "_build_info.py"), "w") as f:
         f.write('"""Written by setup.py at build time: what this build of gnext was compiled with."""\n')
@@ -79,12 +110,19 @@ def extension():
                             py_limited_api=True)  # torch adds -DPy_LIMITED_API (3.10)
     write_build_info(True)
     cxx.append("-DUSE_CUDA")  # the CUDA entry points of the stable C shim
-    nvcc = ["-O3", TARGET_MACRO, "-Xcompiler=-fvisibility=hidden", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-v"
-            if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]
+    # NDEBUG: no device asserts (CUTLASS's would also serialize its wgmma pipeline).
+    nvcc = ["-O3", "-DNDEBUG", TARGET_MACRO, "-Xcompiler=-fvisibility=hidden", "-lineinfo",
+            "--expt-relaxed-constexpr", "-Xptxas=-v" if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]
+    cutlass = cutlass_include_dirs() if hopper_conv_enabled() else []
+    if cutlass:
+        nvcc.append("-DGNEXT_WITH_CUTLASS")
+        print(f"gnext: Hopper conv kernel on, CUTLASS headers from {cutlass[0]}")
+    else:
+        print("gnext: Hopper conv kernel off (needs CUTLASS headers: pip install nvidia-cutlass; and arch 9.0a)")
     return CUDAExtension(
         "groupnorm_ext._C",
         cpp + cu,
-        include_dirs=pip_cuda_include_dirs(),
+        include_dirs=pip_cuda_include_dirs() + cutlass,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         py_limited_api=True,  # torch adds -DPy_LIMITED_API (3.10)
     )

@@ -10,7 +10,7 @@ OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
 BUDGET_S=${BUDGET_S:-580}
 mkdir -p "$OUT"
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())' | tee -a "$OUT/gpu.txt"
 # The image sets CXX=/opt/gcc/bin/g++, whose driver links libstdc++ statically into shared

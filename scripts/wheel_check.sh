@@ -17,7 +17,7 @@ OUT=${OUT:-$PWD/wheel_out}
 mkdir -p "$OUT"
 work=$(mktemp -d)
 py=$(command -v python3)
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc  # see device_run.sh
 if [ -n "${WHEEL:-}" ]; then
   whl=$(readlink -f "$WHEEL")

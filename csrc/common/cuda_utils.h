@@ -40,6 +40,7 @@ struct DeviceGuard {
 // What the launch planners read of cudaDeviceProp (read once per device).
 struct DeviceProps {
   int multiProcessorCount;
+  int major, minor;  // compute capability
   size_t sharedMemPerBlockOptin, sharedMemPerMultiprocessor, reservedSharedMemPerBlock;
 };
 
@@ -59,6 +60,8 @@ inline const DeviceProps& device_props() {
     };
     DeviceProps& p = props[dev];
     p.multiProcessorCount = attr(cudaDevAttrMultiProcessorCount);
+    p.major = attr(cudaDevAttrComputeCapabilityMajor);
+    p.minor = attr(cudaDevAttrComputeCapabilityMinor);
     p.sharedMemPerBlockOptin = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerBlockOptin));
     p.sharedMemPerMultiprocessor = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
     p.reservedSharedMemPerBlock = static_cast<size_t>(attr(cudaDevAttrReservedSharedMemoryPerBlock));

@@ -1,16 +1,29 @@
 // Fused ConvTranspose2d + GELU + GroupNorm (KernelBench L2#19), CUDA:
-//   z = conv_transpose2d(input, weight)            (ATen/cuDNN through the dispatcher, no bias)
+//   z = conv_transpose2d(input, weight)            (no bias)
 //   a = GELU(z + conv_bias[c])                     (erf, or the tanh approximation)
 //   out = GroupNorm(a; num_groups, gn_weight, gn_bias, eps)   (Wu & He 2018)
-// The bias, GELU and GroupNorm run in gnext's GroupNorm kernels as an input prologue, so `a` is never
-// written: z is read, out is written. z, mean and rstd are saved for the backward, which runs the
-// GroupNorm backward with the GELU backward fused (one kernel family writes dz), then the conv's data
-// and weight gradients through ATen. CPU kernels and autograd: groupnorm_ext/_cpu.py, _autograd.py.
+// Two forward paths, one contract (z, mean, rstd are saved; `a` is never written):
+//  * default: the conv through ATen/cuDNN, then bias + GELU + GroupNorm in gnext's GroupNorm kernels
+//    as an input prologue (statistics pass over z, then the elementwise pass).
+//  * GNEXT_CONV=cutlass, on Hopper, float32 with TF32 allowed, stride 1 / dilation 1 / groups 1
+//    (conv_sm90.h): gnext's own implicit-GEMM conv (CUTLASS) whose epilogue stores z and emits
+//    per-tile sums of a and a^2; a finalize kernel turns them into mean/rstd; one elementwise pass.
+//    Opt-in: on the H100 at L2#19 its conv + epilogue (3.9 ms) costs more than cuDNN's conv plus the
+//    statistics pass it saves (2.9 + 0.9 ms).
+// The backward runs the GroupNorm backward with the GELU backward fused (one kernel family writes dz),
+// then the conv's data and weight gradients through ATen. CPU kernels and autograd:
+// groupnorm_ext/_cpu.py, _autograd.py.
+#include <Python.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "../common/cuda_utils.h"
 #include "../group_norm/group_norm.h"
+#include "conv_sm90.h"
+#include "layout.h"
 
 namespace gnext {
 namespace {
@@ -71,6 +84,104 @@ Pointwise make_prologue(const char* op, const OptTensor& conv_bias, const std::s
 
 using IntList = std::vector<int64_t>;
 
+// input dense in kFormat: NCHW-contiguous 4-D input through gnext's transpose kernel (faster than
+// ATen's copy at L2#19's size), other strides through ATen.
+Tensor input_in_kformat(const Tensor& input) {
+  if (is_dense_in(input, kFormat)) return input;
+  if (!input.is_contiguous() || input.dim() != 4 || input.numel() == 0 || input.size(0) > 65535)
+    return dense_in(input, kFormat);
+  Tensor out = empty_as(input, kFormat);
+  GNEXT_CUDA_CHECK(layout::nchw_to_nhwc(input.data_ptr(), out.data_ptr(), input.size(0), input.size(1),
+                                        input.size(2) * input.size(3), int(input.element_size()),
+                                        current_stream(input)));
+  return out;
+}
+
+// torch.backends.cudnn.allow_tf32, which PyTorch's convs follow and so does gnext's own conv. The
+// stable ABI has no accessor: read it through the interpreter (torch._C._get_cudnn_allow_tf32);
+// PyTorch's default (True) when there is no interpreter or no such function.
+bool cudnn_allow_tf32() {
+  if (!Py_IsInitialized()) return true;
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  bool allow = true;
+  if (PyObject* mod = PyImport_ImportModule("torch._C")) {
+    if (PyObject* r = PyObject_CallMethod(mod, "_get_cudnn_allow_tf32", nullptr)) {
+      allow = PyObject_IsTrue(r) == 1;
+      Py_DECREF(r);
+    }
+    Py_DECREF(mod);
+  }
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(gil);
+  return allow;
+}
+
+// Which forward runs: GNEXT_CONV=cutlass selects the Hopper conv (stage 2) where it applies; the
+// default is the ATen/cuDNN conv (stage 1), which measured faster on the H100 at L2#19 (docs/kernels.md).
+bool conv_backend_cutlass() {
+  const char* v = std::getenv("GNEXT_CONV");
+  return v != nullptr && std::strcmp(v, "cutlass") == 0;
+}
+
+// The Hopper conv's problem, or nullopt when the op must take the ATen path.
+std::optional<conv_sm90::ConvProblem> sm90_problem(const Tensor& input, const Tensor& weight, const IntList& stride,
+                                                   const IntList& padding, const IntList& output_padding,
+                                                   const IntList& dilation, int64_t groups) {
+  if (!conv_sm90::available() || input.scalar_type() != ScalarType::Float || groups != 1) return std::nullopt;
+  for (int i = 0; i < 2; ++i)
+    if (stride[i] != 1 || dilation[i] != 1 || output_padding[i] != 0) return std::nullopt;
+  const DeviceProps& prop = device_props();
+  if (prop.major != 9 || prop.minor != 0 || !conv_backend_cutlass() || !cudnn_allow_tf32()) return std::nullopt;
+  const int64_t R = weight.size(2), S = weight.size(3);
+  if (padding[0] > R - 1 || padding[1] > S - 1) return std::nullopt;
+  conv_sm90::ConvProblem p{};
+  p.N = int(input.size(0)), p.C = int(input.size(1)), p.H = int(input.size(2)), p.W = int(input.size(3));
+  p.K = int(weight.size(1)), p.R = int(R), p.S = int(S);
+  p.pad_h = int(R - 1 - padding[0]), p.pad_w = int(S - 1 - padding[1]);  // the equivalent forward conv
+  p.P = int(input.size(2) + R - 1 - 2 * padding[0]), p.Q = int(input.size(3) + S - 1 - 2 * padding[1]);
+  if (input.size(0) > INT32_MAX || input.size(2) > INT32_MAX || input.size(3) > INT32_MAX) return std::nullopt;
+  if (!conv_sm90::supports(p)) return std::nullopt;
+  return p;
+}
+
+// Forward on the Hopper conv: returns (out, z, mean, rstd) like the ATen path.
+std::tuple<Tensor, Tensor, Tensor, Tensor> fused_sm90(const conv_sm90::ConvProblem& p, const Tensor& input,
+                                                      const Tensor& weight, const OptTensor& conv_bias,
+                                                      int64_t num_groups, const OptTensor& gn_weight,
+                                                      const OptTensor& gn_bias, double eps, const Pointwise& pro) {
+  const Tensor z = empty_on(input, {int64_t(p.N), int64_t(p.K), int64_t(p.P), int64_t(p.Q)}, ScalarType::Float, kFormat);
+  const GNShape s = check_group_norm_args(kOp, z, num_groups, gn_weight, gn_bias);
+  Tensor x = input_in_kformat(input);
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) {  // TMA needs 16-byte aligned rows
+    Tensor aligned = empty_as(x, kFormat);
+    copy_into(aligned, x);
+    x = aligned;
+  }
+  const cudaStream_t stream = current_stream(input);
+  Tensor filter = empty_on(input, {weight.size(1), weight.size(2), weight.size(3), weight.size(0)}, ScalarType::Float);
+  GNEXT_CUDA_CHECK(conv_sm90::flip_filter(ptr<float>(contig(weight)), ptr<float>(filter), int(weight.size(0)),
+                                          int(weight.size(1)), p.R, p.S, stream));
+  const int64_t T = conv_sm90::num_tiles(p), ldp = conv_sm90::padded_channels(p);
+  Tensor partial = empty_on(input, {2, T, ldp}, ScalarType::Float);
+  float* psum = ptr<float>(partial);
+  float* psq = psum + T * ldp;
+  const OptTensor bias_f = defined(pro.bias) ? OptTensor(to_dtype(*pro.bias, ScalarType::Float)) : std::nullopt;
+  const float* bias = defined(bias_f) ? ptr<float>(*bias_f) : nullptr;
+  GNEXT_CUDA_CHECK(conv_sm90::conv_stats(p, ptr<float>(x), ptr<float>(filter), bias, pro.kind, ptr<float>(z), psum,
+                                         psq, stream));
+  Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
+  Tensor rstd = empty_on(input, {s.N, s.G}, ScalarType::Float);
+  Tensor coef = empty_on(input, {s.N, s.C, 4}, ScalarType::Float);
+  const OptTensor gw = defined(gn_weight) ? OptTensor(contig(to_dtype(*gn_weight, ScalarType::Float))) : std::nullopt;
+  const OptTensor gb = defined(gn_bias) ? OptTensor(contig(to_dtype(*gn_bias, ScalarType::Float))) : std::nullopt;
+  GNEXT_CUDA_CHECK(conv_sm90::stats_finalize(p, int(num_groups), psum, psq, ptr<float>(z), bias, pro.kind,
+                                             defined(gw) ? ptr<float>(*gw) : nullptr,
+                                             defined(gb) ? ptr<float>(*gb) : nullptr, static_cast<float>(eps),
+                                             ptr<float>(mean), ptr<float>(rstd), ptr<float>(coef), stream));
+  Tensor out = group_norm_affine_cuda(z, s, coef, pro);
+  return {out, z, mean, rstd};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_cuda(const Tensor& input, const Tensor& weight,
                                                       const OptTensor& conv_bias, IntList stride, IntList padding,
                                                       IntList output_padding, IntList dilation, int64_t groups,
@@ -79,10 +190,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_cuda(const Tensor& input, const
   check_conv_args(kOp, input, weight, conv_bias, stride, padding, output_padding, dilation, groups);
   const Pointwise pro = make_prologue(kOp, conv_bias, approximate);
   DeviceGuard guard(input);
+  if (input.numel() > 0) {
+    if (const auto p = sm90_problem(input, weight, stride, padding, output_padding, dilation, groups))
+      return fused_sm90(*p, input, weight, conv_bias, num_groups, gn_weight, gn_bias, eps, pro);
+  }
   // The conv (cuDNN picks its algorithm; TF32 per torch.backends.cudnn.allow_tf32) in kFormat; z is
   // made dense in it so the fake kernel (groupnorm_ext/_ops.py) knows its strides.
   const OptTensor no_bias;
-  auto st = call_op<8>("aten::conv_transpose2d", "input", dense_in(input, kFormat), weight, no_bias,
+  auto st = call_op<8>("aten::conv_transpose2d", "input", input_in_kformat(input), weight, no_bias,
                        IntArrayRef(stride), IntArrayRef(padding), IntArrayRef(output_padding), groups,
                        IntArrayRef(dilation));
   const Tensor z = dense_in(to<Tensor>(st[0]), kFormat);
@@ -110,7 +225,7 @@ std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor> fused_backward
   if (output_mask[0] || output_mask[1]) {
     const std::optional<IntList> bias_sizes;
     const bool mask[3] = {output_mask[0], output_mask[1], false};
-    auto st = call_op<11>("aten::convolution_backward", "", dense_in(*dz, kFormat), dense_in(input, kFormat), weight,
+    auto st = call_op<11>("aten::convolution_backward", "", dense_in(*dz, kFormat), input_in_kformat(input), weight,
                           bias_sizes, IntArrayRef(stride), IntArrayRef(padding), IntArrayRef(dilation),
                           /*transposed=*/true, IntArrayRef(output_padding), groups,
                           torch::headeronly::HeaderOnlyArrayRef<bool>(mask, 3));

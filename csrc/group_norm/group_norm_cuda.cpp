@@ -457,6 +457,18 @@ std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const GNSha
   return {mean, rstd};
 }
 
+Tensor group_norm_affine_cuda(const Tensor& x, const GNShape& s, const Tensor& coef, const Pointwise& pro) {
+  const Problem p = to_problem(s);
+  Tensor out = empty_as(x, group_norm_memory_format(x));
+  if (x.numel() == 0) return out;
+  const bool nhwc = !x.is_contiguous();  // x is dense: channels_last, or contiguous
+  const int V = vector_width(x.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), out.data_ptr()});
+  GNEXT_CUDA_CHECK(gn::launch_affine(false, scalar_kind(x.scalar_type()), p, affine_geometry(p, nhwc, V),
+                                     x.data_ptr(), nullptr, out.data_ptr(), ptr<float>(coef),
+                                     pw_args(pro, Tensor(), nullptr, std::nullopt, std::nullopt), current_stream(x)));
+  return out;
+}
+
 Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const GNShape& s, const Tensor& mean,
                                      const Tensor& rstd, const OptTensor& weight, const OptTensor& dgamma,
                                      const OptTensor& dbeta, bool want_coef) {
