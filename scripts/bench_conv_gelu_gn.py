@@ -4,15 +4,20 @@ float32, forward and forward+backward (training), in one process:
 
   eager     the reference Model (cuDNN conv with bias, GELU, F.group_norm)
   compile   torch.compile(Model)
-  gnext     ModelNew: torch.ops.gnext.conv_transpose2d_gelu_group_norm (conv in ATen/cuDNN without
-            bias, then bias + GELU + GroupNorm in gnext's kernels; backward: fused GN+GELU backward,
-            then the conv's gradients through ATen)
-  conv      the conv alone (no bias), for reference: the part gnext does not own yet
+  gnext     ModelNew: torch.ops.gnext.conv_transpose2d_gelu_group_norm, default path (stage 1): the
+            conv in ATen/cuDNN without bias, then bias + GELU + GroupNorm in gnext's kernels
+            (statistics pass + elementwise pass)
+  stage 2   the same op with GNEXT_CONV=cutlass (H100, fp32, TF32): gnext's CUTLASS implicit-GEMM
+            conv whose epilogue stores z and emits per-tile GELU/GroupNorm sums, a finalize kernel,
+            one elementwise pass (z -> out)
+            (backward of both: fused GN+GELU backward, then the conv's gradients through ATen)
+  conv      cuDNN's conv alone (no bias), for reference
 
 each for NCHW input and for channels_last input (x and the weights in channels_last). TF32 follows
 PyTorch's default for cuDNN convs (allow_tf32=True) unless --no-tf32. The floor column is the bytes
-the GN part must move at the measured copy bandwidth (read z + write y; f+b adds read z, dy + write dz).
-Writes <out>/bench_l2_19.{json,md}.
+the GN part must move at the measured copy bandwidth (read z + write y; f+b adds read z, dy + write dz);
+the op floor is the whole op's forward minimum (read x, write y). --profile adds per-kernel GPU times of
+gnext's forward and forward+backward (torch.profiler). Writes <out>/bench_l2_19.{json,md}.
 """
 from __future__ import annotations
 
@@ -34,12 +39,44 @@ from bench import Timer, copy_bandwidth  # noqa: E402
 import level2_19_convtranspose_gelu_groupnorm as kb  # noqa: E402
 
 
+def with_env(fn, **env):
+    """fn run with environment variables set (gnext reads GNEXT_CONV on each call)."""
+    def run(*a):
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn(*a)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return run
+
+
+def kernel_times(fn, reps=3):
+    """GPU time per call of each kernel fn launches (ms, mean over reps), largest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    tot = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            tot[e.name] = tot.get(e.name, 0.0) + e.device_time_total / 1e3 / reps
+    return sorted(tot.items(), key=lambda kv: -kv[1])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     p.add_argument("--batch", type=int, default=kb.batch_size)
     p.add_argument("--no-tf32", action="store_true")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--profile", action="store_true", help="per-kernel GPU times of gnext's fwd and f+b")
     args = p.parse_args()
     torch.backends.cudnn.allow_tf32 = not args.no_tf32
     dev = "cuda"
@@ -62,7 +99,7 @@ def main():
         x = x0.contiguous(memory_format=fmt)
         for m in (model, new):
             m.to(memory_format=fmt)
-        impls = {"eager": model, "gnext": new}
+        impls = {"eager": model, "gnext": new, "stage 2": with_env(new, GNEXT_CONV="cutlass")}
         if not args.no_compile:
             torch._dynamo.reset()
             impls["compile"] = torch.compile(model)
@@ -70,7 +107,8 @@ def main():
         impls["conv (no bias)"] = lambda t: F.conv_transpose2d(t, c.weight, None, c.stride, c.padding)
         with torch.no_grad():
             zbytes = impls["gnext"](x).numel() * 4
-        row = {"layout": layout, "floor_gn_fwd_ms": 2 * zbytes / bw / 1e6, "floor_gn_fb_ms": 5 * zbytes / bw / 1e6}
+        row = {"layout": layout, "floor_gn_fwd_ms": 2 * zbytes / bw / 1e6, "floor_gn_fb_ms": 5 * zbytes / bw / 1e6,
+               "floor_op_fwd_ms": (x.numel() * 4 + zbytes) / bw / 1e6}
         for name, fn in impls.items():
             with torch.no_grad():
                 t_f = timer(lambda: fn(x), min_reps=5, budget_s=0.5)
@@ -79,29 +117,35 @@ def main():
 
             def fb():
                 y = fn(xg)
-                params = [q for q in (model.parameters() if name != "gnext" else new.parameters())]
+                params = list(new.parameters() if name in ("gnext", "stage 2") else model.parameters())
                 torch.autograd.grad(y, [xg] + params, dy)
 
             t_fb = timer(fb, min_reps=5, budget_s=0.5) if name != "conv (no bias)" else float("nan")
             row[name] = {"fwd_ms": t_f, "fwdbwd_ms": t_fb}
             print(f"  {layout:13s} {name:15s} fwd {t_f:8.3f} ms  f+b {t_fb:8.3f} ms", flush=True)
+            if args.profile and name in ("gnext", "stage 2"):
+                row["profile " + name] = {"fwd": kernel_times(lambda: fn(x)), "fwdbwd": kernel_times(fb)}
+                for k, v in row["profile " + name].items():
+                    print(f"    {k}: " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in v), flush=True)
             del xg, dy
             torch.cuda.empty_cache()
         rows.append(row)
     lines = [f"Device: {meta['device']} · torch {meta['torch']} (CUDA {meta['cuda']}) · {meta['date']} · "
              f"copy bandwidth {bw:.0f} GB/s · TF32 {'on' if meta['tf32'] else 'off'} (cuDNN conv) · "
              f"input {'x'.join(map(str, meta['shape']))} fp32 · {meta['timing']}", "",
-             "| input layout | eager fwd | compile fwd | gnext fwd | conv alone | gnext fwd x eager | x compile "
-             "| eager f+b | compile f+b | gnext f+b | f+b x eager | x compile | GN floor fwd / f+b |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| input layout | eager fwd | compile fwd | gnext fwd | stage 2 fwd | conv alone | gnext fwd x eager "
+             "| x compile | eager f+b | compile f+b | gnext f+b | stage 2 f+b | f+b x eager | x compile "
+             "| op floor fwd | GN floor fwd / f+b |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        e, g, cv = r["eager"], r["gnext"], r["conv (no bias)"]
+        e, g, s2, cv = r["eager"], r["gnext"], r["stage 2"], r["conv (no bias)"]
         cm = r.get("compile", {"fwd_ms": float("nan"), "fwdbwd_ms": float("nan")})
         lines.append(
-            f"| {r['layout']} | {e['fwd_ms']:.2f} | {cm['fwd_ms']:.2f} | {g['fwd_ms']:.2f} | {cv['fwd_ms']:.2f} | "
-            f"{e['fwd_ms'] / g['fwd_ms']:.2f} | {cm['fwd_ms'] / g['fwd_ms']:.2f} | {e['fwdbwd_ms']:.2f} | "
-            f"{cm['fwdbwd_ms']:.2f} | {g['fwdbwd_ms']:.2f} | {e['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | "
-            f"{cm['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | {r['floor_gn_fwd_ms']:.2f} / {r['floor_gn_fb_ms']:.2f} |")
+            f"| {r['layout']} | {e['fwd_ms']:.2f} | {cm['fwd_ms']:.2f} | {g['fwd_ms']:.2f} | {s2['fwd_ms']:.2f} | "
+            f"{cv['fwd_ms']:.2f} | {e['fwd_ms'] / g['fwd_ms']:.2f} | {cm['fwd_ms'] / g['fwd_ms']:.2f} | "
+            f"{e['fwdbwd_ms']:.2f} | {cm['fwdbwd_ms']:.2f} | {g['fwdbwd_ms']:.2f} | {s2['fwdbwd_ms']:.2f} | "
+            f"{e['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | {cm['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | "
+            f"{r['floor_op_fwd_ms']:.2f} | {r['floor_gn_fwd_ms']:.2f} / {r['floor_gn_fb_ms']:.2f} |")
     md = "\n".join(lines) + "\n"
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -71,7 +71,12 @@ NhwcSplit nhwc_split(const Problem& p, int V) {
   s.tpr = std::min(CV, kThreads);
   s.rpi = std::max(1, kThreads / s.tpr);
   s.threads = static_cast<int>(round_up(static_cast<int64_t>(s.tpr) * s.rpi, 32));
-  int64_t K = ceil_div(target_ctas(), p.N);
+  // About target_ctas() CTAs, and at most kMaxNhwcRows rows per CTA: with many large images (L2#19:
+  // 128 x 66564 rows) a CTA per fifth of an image left the SMs 60% occupied, too few warps to hide
+  // the latency of the GELU prologue's math (H100: 2048 rows per CTA took the fp32 GELU-prologue
+  // passes from 1.00 + 2.19 ms to 0.82 + 1.93 ms; docs/kernels.md).
+  constexpr int64_t kMaxNhwcRows = 2048;
+  int64_t K = std::max(ceil_div(target_ctas(), p.N), ceil_div(p.HxW, kMaxNhwcRows));
   K = std::min(K, ceil_div(p.HxW, static_cast<int64_t>(s.rpi) * kUnroll));
   K = std::min(K, std::max<int64_t>(1, (int64_t{1} << 15) / p.D));
   s.chunk = ceil_div(p.HxW, std::max<int64_t>(K, 1));
