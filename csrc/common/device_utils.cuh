@@ -156,6 +156,9 @@ __device__ __forceinline__ float shfl_xor(float s, int mask) { return __shfl_xor
 __device__ __forceinline__ float2 shfl_xor(const float2& s, int mask) {
   return {__shfl_xor_sync(0xffffffffu, s.x, mask), __shfl_xor_sync(0xffffffffu, s.y, mask)};
 }
+__device__ __forceinline__ double2 shfl_xor(const double2& s, int mask) {
+  return {__shfl_xor_sync(0xffffffffu, s.x, mask), __shfl_xor_sync(0xffffffffu, s.y, mask)};
+}
 
 struct WelfordOp {
   using T = WelfordState;
@@ -170,6 +173,11 @@ struct SumOp {
 struct Sum2Op {
   using T = float2;
   __device__ static T identity() { return {0.f, 0.f}; }
+  __device__ static T combine(const T& a, const T& b) { return {a.x + b.x, a.y + b.y}; }
+};
+struct Sum2dOp {  // two sums in double (e.g. sum and sum of squares before a variance)
+  using T = double2;
+  __device__ static T identity() { return {0.0, 0.0}; }
   __device__ static T combine(const T& a, const T& b) { return {a.x + b.x, a.y + b.y}; }
 };
 

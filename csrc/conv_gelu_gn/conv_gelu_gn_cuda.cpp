@@ -134,12 +134,13 @@ std::optional<conv_sm90::ConvProblem> sm90_problem(const Tensor& input, const Te
   if (prop.major != 9 || prop.minor != 0 || !conv_backend_cutlass() || !cudnn_allow_tf32()) return std::nullopt;
   const int64_t R = weight.size(2), S = weight.size(3);
   if (padding[0] > R - 1 || padding[1] > S - 1) return std::nullopt;
+  for (int64_t d = 0; d < 4; ++d)
+    if (input.size(d) > INT32_MAX || weight.size(d) > INT32_MAX) return std::nullopt;
   conv_sm90::ConvProblem p{};
   p.N = int(input.size(0)), p.C = int(input.size(1)), p.H = int(input.size(2)), p.W = int(input.size(3));
   p.K = int(weight.size(1)), p.R = int(R), p.S = int(S);
   p.pad_h = int(R - 1 - padding[0]), p.pad_w = int(S - 1 - padding[1]);  // the equivalent forward conv
   p.P = int(input.size(2) + R - 1 - 2 * padding[0]), p.Q = int(input.size(3) + S - 1 - 2 * padding[1]);
-  if (input.size(0) > INT32_MAX || input.size(2) > INT32_MAX || input.size(3) > INT32_MAX) return std::nullopt;
   if (!conv_sm90::supports(p)) return std::nullopt;
   return p;
 }
@@ -165,15 +166,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_sm90(const conv_sm90::ConvProbl
   Tensor partial = empty_on(input, {2, T, ldp}, ScalarType::Float);
   float* psum = ptr<float>(partial);
   float* psq = psum + T * ldp;
-  const OptTensor bias_f = defined(pro.bias) ? OptTensor(to_dtype(*pro.bias, ScalarType::Float)) : std::nullopt;
-  const float* bias = defined(bias_f) ? ptr<float>(*bias_f) : nullptr;
+  const float* bias = defined(pro.bias) ? ptr<float>(*pro.bias) : nullptr;  // float32, like input (checked)
   GNEXT_CUDA_CHECK(conv_sm90::conv_stats(p, ptr<float>(x), ptr<float>(filter), bias, pro.kind, ptr<float>(z), psum,
                                          psq, stream));
   Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
   Tensor rstd = empty_on(input, {s.N, s.G}, ScalarType::Float);
   Tensor coef = empty_on(input, {s.N, s.C, 4}, ScalarType::Float);
-  const OptTensor gw = defined(gn_weight) ? OptTensor(contig(to_dtype(*gn_weight, ScalarType::Float))) : std::nullopt;
-  const OptTensor gb = defined(gn_bias) ? OptTensor(contig(to_dtype(*gn_bias, ScalarType::Float))) : std::nullopt;
+  // gn_weight / gn_bias: float32 here (input's dtype or float32, checked above)
+  const OptTensor gw = defined(gn_weight) ? OptTensor(contig(*gn_weight)) : std::nullopt;
+  const OptTensor gb = defined(gn_bias) ? OptTensor(contig(*gn_bias)) : std::nullopt;
   GNEXT_CUDA_CHECK(conv_sm90::stats_finalize(p, int(num_groups), psum, psq, ptr<float>(z), bias, pro.kind,
                                              defined(gw) ? ptr<float>(*gw) : nullptr,
                                              defined(gb) ? ptr<float>(*gb) : nullptr, static_cast<float>(eps),

@@ -85,33 +85,20 @@ __global__ void __launch_bounds__(256) stats_finalize_kernel(ConvProblem p, int 
     s += a;
     q += double(a) * a;
   }
-  __shared__ double sh_s[256], sh_q[256];
-  sh_s[threadIdx.x] = s;
-  sh_q[threadIdx.x] = q;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-    if (threadIdx.x < w) {
-      sh_s[threadIdx.x] += sh_s[threadIdx.x + w];
-      sh_q[threadIdx.x] += sh_q[threadIdx.x + w];
-    }
-    __syncthreads();
-  }
-  __shared__ float sh_mean, sh_rstd;
+  __shared__ double2 scratch[33];
+  const double2 tot = block_reduce<Sum2dOp>(make_double2(s, q), scratch);
+  const double cnt = double(PQ) * D;
+  const double m = tot.x / cnt;
+  const float mu = float(m), rs = float(1.0 / sqrt(fmax(tot.y / cnt - m * m, 0.0) + double(eps)));
   if (threadIdx.x == 0) {
-    const double cnt = double(PQ) * D;
-    const double m = sh_s[0] / cnt;
-    const double var = fmax(sh_q[0] / cnt - m * m, 0.0);
-    sh_mean = float(m);
-    sh_rstd = float(1.0 / sqrt(var + double(eps)));
-    mean[n * G + g] = sh_mean;
-    rstd[n * G + g] = sh_rstd;
+    mean[n * G + g] = mu;
+    rstd[n * G + g] = rs;
   }
-  __syncthreads();
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     const int c = g * D + d;
     float4 v;
-    v.x = sh_mean;
-    v.y = sh_rstd * (gamma ? gamma[c] : 1.f);
+    v.x = mu;
+    v.y = rs * (gamma ? gamma[c] : 1.f);
     v.z = 0.f;
     v.w = beta ? beta[c] : 0.f;
     reinterpret_cast<float4*>(coef)[int64_t(n) * p.K + c] = v;
