@@ -451,13 +451,12 @@ std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const GNSha
   const int V = vector_width(x.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr()});
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
   Tensor partial = empty_on(x, {s.N * s.C * rg.K * 3}, ScalarType::Float);
-  Tensor coef = empty_on(x, {s.N, s.C, 4}, ScalarType::Float);
   const cudaStream_t stream = current_stream(x);
   GNEXT_CUDA_CHECK(gn::launch_reduce(false, scalar_kind(x.scalar_type()), p, rg, x.data_ptr(), nullptr, nullptr,
                                    ptr<float>(partial), gn::PwArgs{}, stream));
   GNEXT_CUDA_CHECK(gn::launch_finalize_forward(ScalarKind::Float, p, partial_layout(p, rg), ptr<float>(partial),
                                              nullptr, nullptr, ptr<float>(mean), ptr<float>(rstd),
-                                             ptr<float>(coef), static_cast<float>(eps),
+                                             /*coef=*/nullptr, static_cast<float>(eps),
                                              shift.defined() ? ptr<float>(shift) : nullptr, stream));
   return {mean, rstd};
 }

@@ -221,6 +221,7 @@ __global__ void __launch_bounds__(256)
     mean_out[ng] = s.mean;
     rstd_out[ng] = rstd;
   }
+  if (coef == nullptr) return;  // statistics only
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     const int64_t c = g * D + d;
     const float w = gamma ? to_float(gamma[c]) : 1.f, b = beta ? to_float(beta[c]) : 0.f;

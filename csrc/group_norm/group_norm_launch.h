@@ -112,7 +112,7 @@ constexpr size_t kGradStateBytes = 2 * sizeof(float);
 cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const ReduceGeometry& g, const void* x,
                           const void* dy, const float* mean, float* partial, const PwArgs& pw,
                           cudaStream_t stream);
-// mean/rstd per (n, g) and coef = (mean, rstd*gamma, 0, beta) per (n, c). wt: gamma/beta type.
+// mean/rstd per (n, g) and, if coef is non-null, coef = (mean, rstd*gamma, 0, beta) per (n, c). wt: gamma/beta type.
 // shift (float32 (C,) or null): statistics of x + shift[c] from the partials of x (a Welford state
 // shifts by its mean).
 cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
