@@ -65,10 +65,9 @@ def cutlass_include_dirs():
     return [inc, util] if ok else []
 
 
-def hopper_conv_enabled():
-    """The fused op's Hopper conv kernel is compiled: CUTLASS headers found and sm_90a in the archs."""
-    archs = [a.split("+")[0] for a in os.environ["TORCH_CUDA_ARCH_LIST"].split(";")]
-    return bool(cutlass_include_dirs()) and "9.0a" in archs
+def builds_sm90a():
+    """sm_90a is among the archs: the fused op's Hopper conv kernel can be compiled (with CUTLASS)."""
+    return "9.0a" in [a.split("+")[0] for a in os.environ["TORCH_CUDA_ARCH_LIST"].split(";")]
 
 
 VERSION = "0.1.0"
@@ -77,7 +76,7 @@ TORCH_TARGET = (2, 11)
 TARGET_MACRO = f"-DTORCH_TARGET_VERSION=0x{TORCH_TARGET[0]:02x}{TORCH_TARGET[1]:02x}000000000000ULL"
 
 
-def write_build_info(use_cuda):
+def write_build_info(use_cuda, hopper_conv=False):
     import torch
 
     info = {
@@ -87,7 +86,7 @@ def write_build_info(use_cuda):
         "torch_min": ".".join(map(str, TORCH_TARGET)),
         "cuda": torch.version.cuda if use_cuda else None,
         "cuda_archs": os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split() if use_cuda else [],
-        "hopper_conv": bool(use_cuda and hopper_conv_enabled()),
+        "hopper_conv": hopper_conv,
     }
     with open(os.path.join(ROOT, "groupnorm_ext", "_build_info.py"), "w") as f:
         f.write('"""Written by setup.py at build time: what this build of gnext was compiled with."""\n')
@@ -108,12 +107,12 @@ def extension():
         write_build_info(False)
         return CppExtension("groupnorm_ext._C", cpp, extra_compile_args={"cxx": cxx},
                             py_limited_api=True)  # torch adds -DPy_LIMITED_API (3.10)
-    write_build_info(True)
     cxx.append("-DUSE_CUDA")  # the CUDA entry points of the stable C shim
     # NDEBUG: no device asserts (CUTLASS's would also serialize its wgmma pipeline).
     nvcc = ["-O3", "-DNDEBUG", TARGET_MACRO, "-Xcompiler=-fvisibility=hidden", "-lineinfo",
             "--expt-relaxed-constexpr", "-Xptxas=-v" if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]
-    cutlass = cutlass_include_dirs() if hopper_conv_enabled() else []
+    cutlass = cutlass_include_dirs() if builds_sm90a() else []
+    write_build_info(True, hopper_conv=bool(cutlass))
     if cutlass:
         nvcc.append("-DGNEXT_WITH_CUTLASS")
         print(f"gnext: Hopper conv kernel on, CUTLASS headers from {cutlass[0]}")

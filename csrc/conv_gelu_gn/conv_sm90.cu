@@ -236,8 +236,10 @@ cudaError_t run(const ConvProblem& p, const float* x, const float* filter, const
   if (op.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
   if (Device::get_workspace_size(args) != 0) return cudaErrorNotSupported;  // this tree needs none
   if (op.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
-  if (op.run(stream) != cutlass::Status::kSuccess) return cudaGetLastError() != cudaSuccess ? cudaGetLastError()
-                                                                                         : cudaErrorLaunchFailure;
+  if (op.run(stream) != cutlass::Status::kSuccess) {
+    const cudaError_t e = cudaGetLastError();  // read once: the call also clears it
+    return e != cudaSuccess ? e : cudaErrorLaunchFailure;
+  }
   return cudaGetLastError();
 }
 
