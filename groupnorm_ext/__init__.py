@@ -14,10 +14,11 @@ with CUDA kernels (C++ on PyTorch's stable ABI: one build loads on every torch >
 """
 from ._ops import ops
 from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp
+from .compile_fusion import disable_compile_fusion, enable_compile_fusion
 from .modules import (ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct, convert_conv_transpose_gelu_group_norm,
                       convert_group_norm, convert_group_norm_act)
 
 __all__ = ["ops", "group_norm", "GroupNorm", "convert_group_norm", "conv_transpose2d_gelu_group_norm",
            "ConvTranspose2dGELUGroupNorm", "convert_conv_transpose_gelu_group_norm", "group_norm_act", "GroupNormAct",
-           "convert_group_norm_act", "group_norm_act_logsumexp"]
+           "convert_group_norm_act", "group_norm_act_logsumexp", "enable_compile_fusion", "disable_compile_fusion"]
 __version__ = "0.1.0"

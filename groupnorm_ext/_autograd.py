@@ -35,7 +35,7 @@ def _gn_setup(ctx, inputs, output):
 
 def _gn_backward(ctx, grad_out, _gmean, _grstd):
     input, weight, mean, rstd = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    need = ctx.needs_input_grad[1:]  # [0]: the dispatch keyset (see _register)
     mask = [need[0], need[2], need[3]]
     if grad_out is None or not any(mask):
         return None, None, None, None, None
@@ -55,7 +55,7 @@ def _act_setup(ctx, inputs, output):
 
 def _act_backward(ctx, grad_out, _gmean, _grstd):
     input, weight, bias, mean, rstd = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    need = ctx.needs_input_grad[1:]  # [0]: the dispatch keyset (see _register)
     if grad_out is None:
         return (None,) * 7
     dres = grad_out if need[6] else None  # the residual's gradient is grad_out itself
@@ -80,7 +80,7 @@ def _lse_setup(ctx, inputs, output):
 
 def _lse_backward(ctx, grad_out, _gmean, _grstd):
     input, input_bias, weight, bias, out, mean, rstd = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    need = ctx.needs_input_grad[1:]  # [0]: the dispatch keyset (see _register)
     mask = [need[0], need[1], need[3], need[4]]
     if grad_out is None or not any(mask):
         return (None,) * 8
@@ -104,7 +104,7 @@ def _conv_setup(ctx, inputs, output):
 
 def _conv_backward(ctx, grad_out, _gz, _gmean, _grstd):
     input, weight, conv_bias, z, mean, rstd, gn_weight = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    need = ctx.needs_input_grad[1:]  # [0]: the dispatch keyset (see _register)
     mask = [need[0], need[1], need[2], need[9], need[10]]
     if grad_out is None or not any(mask):
         return (None,) * 13
@@ -116,20 +116,32 @@ def _conv_backward(ctx, grad_out, _gz, _gmean, _grstd):
 
 
 def _register(op_name, setup_context, backward):
-    """An Autograd-key kernel for gnext::<op_name>: a torch.autograd.Function whose forward runs the op
-    below autograd and saves through setup_context. (The same shape as torch.library.register_autograd,
-    which measured ~60 us more host time per call on the CPU machine: it flattens arguments with pytrees.)"""
+    """An Autograd-key kernel for gnext::<op_name>. Without grad mode or an input that requires grad it
+    redispatches below autograd at once (no autograd.Function, no context manager); otherwise a
+    torch.autograd.Function whose forward redispatches below autograd and saves through setup_context.
+    (The shape of torch.library.register_autograd, which measured ~60 us more host time per call on
+    the CPU machine: it flattens arguments with pytrees.)"""
     op = getattr(torch.ops.gnext, op_name).default
+    below = torch._C._after_autograd_keyset
+    grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
 
-    def forward(ctx, *args):
-        with torch._C._AutoDispatchBelowAutograd():
-            output = op(*args)
+    def forward(ctx, keyset, *args):
+        output = op.redispatch(keyset & below, *args)
         setup_context(ctx, args, output)
         return output
 
+    def backward_with_keyset(ctx, *grads):
+        return (None, *backward(ctx, *grads))
+
     fn = type(f"{op_name}_autograd", (torch.autograd.Function,),
-              {"forward": staticmethod(forward), "backward": staticmethod(backward)})
-    _lib.impl(op_name, lambda *args: fn.apply(*args), "Autograd")
+              {"forward": staticmethod(forward), "backward": staticmethod(backward_with_keyset)})
+
+    def kernel(keyset, *args):
+        if grad_enabled() and any_requires_grad(*args):
+            return fn.apply(keyset, *args)
+        return op.redispatch(keyset & below, *args)
+
+    _lib.impl(op_name, kernel, "Autograd", with_keyset=True)
 
 
 class _NotDifferentiable(torch.autograd.Function):
@@ -147,14 +159,14 @@ class _NotDifferentiable(torch.autograd.Function):
 
 def _register_not_differentiable(op_name):
     op = getattr(torch.ops.gnext, op_name).default
+    below = torch._C._after_autograd_keyset
 
-    def kernel(*args):
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+    def kernel(keyset, *args):
+        if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args):
             return _NotDifferentiable.apply(op_name, *args)  # backward with create_graph=True
-        with torch._C._AutoDispatchBelowAutograd():
-            return op(*args)
+        return op.redispatch(keyset & below, *args)
 
-    _lib.impl(op_name, kernel, "Autograd")
+    _lib.impl(op_name, kernel, "Autograd", with_keyset=True)
 
 
 _lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module

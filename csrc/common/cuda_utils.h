@@ -10,7 +10,9 @@
 #include <torch/csrc/stable/accelerator.h>
 
 #include <array>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "stable.h"
 
@@ -67,6 +69,50 @@ inline const DeviceProps& device_props() {
     p.reservedSharedMemPerBlock = static_cast<size_t>(attr(cudaDevAttrReservedSharedMemoryPerBlock));
   });
   return props[dev];
+}
+
+// Zeroed unsigned counters for inter-CTA signalling (see arrive / wait_count / depart in
+// device_utils.cuh). Kernels that use them leave them zero when they finish (the last of a unit's
+// T tiles to depart resets its counter), so a buffer kept per (device, stream) serves every launch
+// on that stream without a cudaMemsetAsync or an allocation: kernels on one stream run in order.
+// While the stream is being captured into a CUDA graph, the counters come from a fresh tensor zeroed
+// by a memset captured with the graph (a graph may be replayed on any stream, beside other work).
+// `keep` holds that tensor alive until the launch is enqueued.
+struct Counters {
+  unsigned* ptr = nullptr;
+  Tensor keep;
+};
+inline Counters zeroed_counters(const Tensor& like, int64_t n, cudaStream_t stream) {
+  Counters c;
+  if (n <= 0) return c;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  GNEXT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    c.keep = empty_on(like, {n}, ScalarType::Int);
+    c.ptr = static_cast<unsigned*>(c.keep.data_ptr());
+    GNEXT_CUDA_CHECK(cudaMemsetAsync(c.ptr, 0, static_cast<size_t>(n) * sizeof(unsigned), stream));
+    return c;
+  }
+  struct Buffer {
+    unsigned* ptr;
+    int64_t size;
+  };
+  static std::mutex mutex;
+  static auto* buffers = new std::map<std::pair<int, cudaStream_t>, Buffer>();  // never freed: process lifetime
+  const int dev = like.get_device_index();
+  std::lock_guard<std::mutex> lock(mutex);
+  Buffer& b = (*buffers)[{dev, stream}];
+  if (b.size < n) {
+    // Grown geometrically; the old buffer is left allocated (a few KB; an earlier launch on this
+    // stream may still be reading it).
+    const int64_t size = std::max<int64_t>({n, 2 * b.size, 4096});
+    void* p = nullptr;
+    GNEXT_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(size) * sizeof(unsigned)));
+    GNEXT_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(size) * sizeof(unsigned), stream));
+    b = {static_cast<unsigned*>(p), size};
+  }
+  c.ptr = b.ptr;
+  return c;
 }
 
 }  // namespace gnext

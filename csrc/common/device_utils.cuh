@@ -117,6 +117,12 @@ __device__ __forceinline__ void wait_count(const unsigned* counter, unsigned tar
     __nanosleep(64);
   }
 }
+// After wait_count(counter, target) returned: the target-th thread to depart (one per arrival) resets
+// the counter to zero for the next launch. Departures take the counter from target to 2 * target,
+// so waiters still spinning see >= target; the reset comes after every waiter has passed.
+__device__ __forceinline__ void depart(unsigned* counter, unsigned target) {
+  if (atomicAdd(counter, 1u) == 2 * target - 1) atomicExch(counter, 0u);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Welford state: mean, M2 = sum((x - mean)^2) and count, all float32.

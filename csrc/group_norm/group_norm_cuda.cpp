@@ -268,14 +268,11 @@ ScalarKind param_kind(const OptTensor& a, const OptTensor& b, ScalarType fallbac
   return scalar_kind(fallback);
 }
 
-// Zeroed per-unit counters for a one-pass launch whose units span several tiles; else undefined.
-Tensor onepass_counters(const OnePassGeometry& g, const Tensor& like, cudaStream_t stream) {
-  if (g.T == 1) return Tensor();
-  Tensor c = empty_on(like, {g.units}, ScalarType::Int);
-  GNEXT_CUDA_CHECK(cudaMemsetAsync(c.data_ptr(), 0, static_cast<size_t>(g.units) * sizeof(int), stream));
-  return c;
+// Zeroed per-unit counters for a one-pass launch whose units span several tiles (zeroed_counters:
+// no allocation or memset outside CUDA-graph capture); null when every unit is one tile.
+Counters onepass_counters(const OnePassGeometry& g, const Tensor& like, cudaStream_t stream) {
+  return g.T == 1 ? Counters{} : zeroed_counters(like, g.units, stream);
 }
-unsigned* counters_ptr(const Tensor& c) { return c.defined() ? static_cast<unsigned*>(c.data_ptr()) : nullptr; }
 
 Problem to_problem(const GNShape& s) { return {s.N, s.C, s.G, s.D, s.HxW}; }
 
@@ -338,12 +335,12 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
                       : std::nullopt;
   if (og) {
     Tensor partial = empty_on(x, {s.N * s.G * og->T * 3}, ScalarType::Float);  // per (tile, group)
-    const Tensor counters = onepass_counters(*og, mean, stream);
+    const Counters counters = onepass_counters(*og, mean, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
     a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ptr<float>(partial);
-    a.counters = counters_ptr(counters), a.eps = static_cast<float>(eps), a.pw = pw;
+    a.counters = counters.ptr, a.eps = static_cast<float>(eps), a.pw = pw;
     GNEXT_CUDA_CHECK(gn::launch_onepass(false, t, p, *og, a, stream));
     if (relayout) copy_into(out, y);
     return {out, mean, rstd};
@@ -406,14 +403,14 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
     Tensor partial = empty_on(x, {og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2},
                               ScalarType::Float);
-    const Tensor counters = onepass_counters(*og, mean_c, stream);
+    const Counters counters = onepass_counters(*og, mean_c, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
     a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
     a.mean = ptr<float>(mean_c), a.rstd = ptr<float>(rstd_c);
     a.partial = ptr<float>(partial), a.dsum = need_params ? ptr<float>(dsum) : nullptr;
-    a.counters = counters_ptr(counters), a.pw = pw;
+    a.counters = counters.ptr, a.pw = pw;
     GNEXT_CUDA_CHECK(gn::launch_onepass(true, t, p, *og, a, stream));
     gamma_beta();
     if (relayout) copy_into(*dx, dx_work);

@@ -97,7 +97,7 @@ struct OnePassArgs {
   float* partial;      // forward: Welford (mean, m2, n) per NCHW tile / per NHWC (tile, group);
                        // backward: float2 per NCHW (n, c, piece) / per NHWC (tile, channel) + (tile, group)
   float* dsum;         // backward: (sum dy*(x-mean), sum dy) per (n, c) for dgamma/dbeta, or null
-  unsigned* counters;  // one per group / unit, zero on entry; null when T == 1
+  unsigned* counters;  // one per group / unit, zero on entry and on exit; null when T == 1
   float eps;
   PwArgs pw;           // NCHW only (the NHWC one-pass kernel has no pointwise extension)
 };

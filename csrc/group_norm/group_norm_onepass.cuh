@@ -230,7 +230,10 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   // Waits for the k-th tile's group, then normalizes the tile from shared memory.
   auto finish = [&](int64_t k) {
     const OnePassTile t = tile_k(k);
-    if (a.counters != nullptr && tid == 0) wait_count(&a.counters[t.u], static_cast<unsigned>(geo.T));
+    if (a.counters != nullptr && tid == 0) {
+      wait_count(&a.counters[t.u], static_cast<unsigned>(geo.T));
+      depart(&a.counters[t.u], static_cast<unsigned>(geo.T));  // left at zero for the next launch
+    }
     __syncthreads();
     const T* sx = bx + (k % geo.nbuf) * geo.tile;
     const T* sd = bd + (k % geo.nbuf) * geo.tile;
@@ -483,7 +486,10 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
 
   auto finish = [&](int64_t k) {
     const Tile t = tile_k(k);
-    if (a.counters != nullptr && tid == 0) wait_count(&a.counters[t.u], static_cast<unsigned>(geo.T));
+    if (a.counters != nullptr && tid == 0) {
+      wait_count(&a.counters[t.u], static_cast<unsigned>(geo.T));
+      depart(&a.counters[t.u], static_cast<unsigned>(geo.T));  // left at zero for the next launch
+    }
     __syncthreads();
     const T* sx = bx + (k % geo.nbuf) * geo.tile;
     const T* sd = bd + (k % geo.nbuf) * geo.tile;

@@ -1,0 +1,213 @@
+"""torch.compile fusion of GroupNorm + activation (+ residual add) into ``gnext::group_norm_act``,
+without model edits: :func:`enable_compile_fusion` installs a graph pass in Inductor's
+``pre_grad_custom_pass`` hook.
+
+Where the pass sits: the pre-grad graph is the one Dynamo hands to Inductor, before AOTAutograd.
+It still holds torch-level calls (modules inlined: ``F.group_norm``, ``F.silu``, ``operator.add``), so
+a diffusers ``ResnetBlock2D``'s ``norm1`` -> ``nonlinearity`` shows up as a pair there; the
+post-grad graphs hold GroupNorm decomposed into ``var_mean``/``rsqrt``/``mul`` already. Rewriting to
+the gnext op before AOTAutograd makes training graphs use gnext's backward through the op's
+registered autograd. The pass is a ``CustomGraphPass`` with a ``uuid()``, so Inductor's FX-graph
+cache stays on (a pass without one bypasses the cache).
+
+Rewritten chain: ``act(group_norm(x, G, weight, bias, eps))`` and ``act(...) + r`` (either operand
+order), where ``act`` is SiLU, GELU (erf or tanh), ReLU, tanh or hardswish called as a function,
+an inlined module or a tensor method, and each intermediate has no other user. The rule of
+``when="auto"`` (where gnext is the faster choice) is in :func:`_fusable`.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import operator
+from pathlib import Path
+from typing import Optional
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from . import _ops  # noqa: F401  (torch.ops.gnext.*)
+
+__all__ = ["enable_compile_fusion", "disable_compile_fusion", "compile_fusion_stats"]
+
+_GROUP_NORM = (F.group_norm, torch.group_norm)
+_GN_SIG = inspect.signature(F.group_norm)  # (input, num_groups, weight=None, bias=None, eps=1e-05)
+_ADDS = (operator.add, torch.add)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+# Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m}
+compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0}
+
+
+def _activation(node: torch.fx.Node) -> Optional[str]:
+    """group_norm_act's name for the activation this node computes (of its first argument), or None."""
+    t, kw = node.target, node.kwargs
+    if node.op == "call_method":
+        return {"relu": "relu", "tanh": "tanh", "relu_": "relu", "tanh_": "tanh"}.get(t) \
+            if len(node.args) == 1 and not kw else None
+    if node.op != "call_function":
+        return None
+    if t in (F.silu, torch.nn.functional.silu):
+        return "silu"
+    if t in (F.relu, torch.relu, torch.relu_):
+        return "relu"
+    if t in (torch.tanh, F.tanh):
+        return "tanh"
+    if t is F.hardswish:
+        return "hardswish"
+    if t in (F.gelu, torch._C._nn.gelu):
+        approximate = kw.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+    return None
+
+
+def _meta(node) -> Optional[torch.Tensor]:
+    v = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _static_numel(t: torch.Tensor) -> Optional[int]:
+    n = 1
+    for s in t.shape:
+        if not isinstance(s, int):
+            return None  # dynamic shape: the rule decides without the size
+        n *= s
+    return n
+
+
+# Below this many elements a GroupNorm+activation is launch-bound and Inductor's generated kernels,
+# fused with their neighbours, are as fast (H100 measurements in docs/benchmarks.md).
+_MIN_NUMEL = 1 << 16
+
+
+def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
+    """The rule. Always: floating input of 3-5 dims, output of the input's dtype (not under autocast,
+    which computes GroupNorm in float32), weight/bias of the input's dtype or float32. For
+    when="auto" also: a CUDA tensor of 3-D or 4-D (gnext's 5-D schedule is not yet as fast as
+    Inductor's) with at least _MIN_NUMEL elements (or a dynamic shape)."""
+    if x is None or y is None or x.dtype not in _FLOATS or y.dtype != x.dtype or not 3 <= x.dim() <= 5:
+        return False
+    for p in params:
+        if p is not None and (p.dtype not in (x.dtype, torch.float32) or p.device != x.device):
+            return False
+    if when == "always":
+        return True
+    n = _static_numel(x)
+    return x.device.type == "cuda" and x.dim() <= 4 and (n is None or n >= _MIN_NUMEL)
+
+
+def _rewrite(graph: torch.fx.Graph, when: str) -> int:
+    """Rewrites every matching chain in place; returns how many."""
+    count = 0
+    for gn in list(graph.nodes):
+        if gn.op != "call_function" or gn.target not in _GROUP_NORM or len(gn.users) != 1:
+            continue
+        try:
+            args = (_GN_SIG.bind(*gn.args[:5], **{k: v for k, v in gn.kwargs.items() if k != "cudnn_enabled"})
+                    if gn.target is F.group_norm else _GN_SIG.bind(*gn.args[:5]))
+        except TypeError:
+            continue
+        args.apply_defaults()
+        x, groups, weight, bias, eps = (args.arguments[k] for k in ("input", "num_groups", "weight", "bias", "eps"))
+        if not isinstance(groups, int) or not isinstance(eps, (int, float)):
+            continue
+        act_node = next(iter(gn.users))
+        act = _activation(act_node)
+        if act is None or act_node.args[0] is not gn or any(a is gn for a in act_node.args[1:]):
+            continue
+        if act_node.op == "call_function" and act_node.target is F.hardswish and len(act_node.args) > 2:
+            continue
+        xm, wm, bm = _meta(x), _meta(weight), _meta(bias)
+        if (weight is not None and wm is None) or (bias is not None and bm is None):
+            continue
+        if not _fusable(xm, _meta(act_node), (wm, bm), when):
+            continue
+        last, residual = act_node, None
+        if len(act_node.users) == 1:
+            add = next(iter(act_node.users))
+            if add.op == "call_function" and add.target in _ADDS and len(add.args) == 2 and not add.kwargs:
+                other = add.args[1] if add.args[0] is act_node else add.args[0]
+                om, am = _meta(other), _meta(add)
+                if (other is not act_node and om is not None and am is not None and om.shape == xm.shape
+                        and om.dtype == xm.dtype and om.device == xm.device and am.dtype == xm.dtype):
+                    last, residual = add, other
+        with graph.inserting_before(last):
+            fused = graph.call_function(torch.ops.gnext.group_norm_act.default,
+                                        (x, groups, weight, bias, float(eps), act, residual))
+            out = graph.call_function(operator.getitem, (fused, 0))
+        out.meta.update(last.meta)
+        last.replace_all_uses_with(out)
+        for n in (last, act_node, gn) if residual is not None else (act_node, gn):
+            graph.erase_node(n)
+        count += 1
+        compile_fusion_stats["group_norm_act"] += 1
+        compile_fusion_stats["residual"] += residual is not None
+    return count
+
+
+@functools.lru_cache(None)
+def _pass_class():
+    """GroupNormActPass, defined on first use: importing Inductor costs ~2 s, not paid at gnext's import."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class GroupNormActPass(CustomGraphPass):
+        """Inductor pre-grad pass: GroupNorm + activation (+ residual) -> gnext::group_norm_act."""
+
+        def __init__(self, when: str = "auto", previous=None):
+            self.when, self.previous = when, previous
+
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            if self.previous is not None:
+                self.previous(graph)
+            _rewrite(graph, self.when)
+
+        def uuid(self) -> Optional[bytes]:
+            h = hashlib.sha256(_SOURCE)
+            h.update(self.when.encode())
+            if self.previous is not None:
+                prev = self.previous.uuid() if hasattr(self.previous, "uuid") else None
+                if prev is None:
+                    return None  # a previous pass without a uuid: Inductor bypasses its cache, as before us
+                h.update(prev if isinstance(prev, bytes) else str(prev).encode())
+            return h.digest()
+
+    return GroupNormActPass
+
+
+_SOURCE = Path(__file__).read_bytes()
+
+
+def enable_compile_fusion(when: str = "auto") -> None:
+    """Makes ``torch.compile`` (Inductor) rewrite GroupNorm followed by an activation (SiLU, GELU,
+    ReLU, tanh, hardswish) and an optional residual add into ``gnext::group_norm_act``, in inference
+    and training graphs, for models compiled after this call. Works with ``fullgraph=True``, dynamic
+    shapes and ``mode="reduce-overhead"``. A pre-grad pass already installed keeps running first.
+
+    Args:
+        when: ``"auto"``: only where gnext is the faster choice (CUDA, 3-D/4-D, at least 65536
+            elements; see the module's docstring and docs/api.md); ``"always"``: every matching chain
+            on any device (tests; measurements).
+
+    Raises:
+        ValueError: ``when`` is not ``"auto"`` or ``"always"``.
+    """
+    if when not in ("auto", "always"):
+        raise ValueError(f"enable_compile_fusion: when must be 'auto' or 'always', got {when!r}")
+    from torch._inductor import config as inductor_config
+
+    current = inductor_config.pre_grad_custom_pass
+    if isinstance(current, _pass_class()):
+        current = current.previous
+    inductor_config.pre_grad_custom_pass = _pass_class()(when, current)
+
+
+def disable_compile_fusion() -> None:
+    """Removes the pass installed by :func:`enable_compile_fusion` (a pass installed before it stays).
+    Models compiled before keep their compiled code; call ``torch._dynamo.reset()`` to recompile."""
+    from torch._inductor import config as inductor_config
+
+    current = inductor_config.pre_grad_custom_pass
+    if isinstance(current, _pass_class()):
+        inductor_config.pre_grad_custom_pass = current.previous

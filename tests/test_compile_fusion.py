@@ -1,0 +1,205 @@
+"""enable_compile_fusion(): Inductor's pre-grad pass rewrites GroupNorm + activation (+ residual) into
+gnext::group_norm_act. Checked: it fires (counted rewrites and gnext nodes in the compiled graph), the
+compiled model matches eager (forward and gradients) in inference and training, fullgraph=True, dynamic
+shapes, mode="reduce-overhead" (CUDA), chains that must stay unfused, and the 'auto' rule.
+On the CPU the pass runs with when="always" (the 'auto' rule fuses CUDA tensors only)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import groupnorm_ext as ge
+from groupnorm_ext import compile_fusion
+from conftest import DEVICES, rand_input
+
+
+class Block(nn.Module):
+    """norm1 -> act -> conv -> norm2 -> act (+ residual), the ResnetBlock2D shape, written in forward."""
+
+    def __init__(self, C=16, G=4, act=None, residual=True):
+        super().__init__()
+        self.norm1, self.norm2 = nn.GroupNorm(G, C), nn.GroupNorm(G, C, eps=1e-6)
+        self.conv = nn.Conv2d(C, C, 3, padding=1)
+        self.act = act or nn.SiLU()
+        self.residual = residual
+
+    def forward(self, x):
+        h = self.act(self.norm1(x))
+        h = self.conv(h)
+        h = self.act(self.norm2(h))
+        return x + h if self.residual else h
+
+
+@pytest.fixture
+def fusion():
+    """Fresh compile caches; the pass enabled with when='always' for the test, removed afterwards."""
+    torch._dynamo.reset()
+    before = dict(compile_fusion.compile_fusion_stats)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        ge.enable_compile_fusion(when="always")
+        try:
+            yield lambda: {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
+        finally:
+            ge.disable_compile_fusion()
+            torch._dynamo.reset()
+
+
+def _perturb(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+ACTS = [nn.SiLU(), nn.GELU(), nn.GELU(approximate="tanh"), nn.ReLU(), nn.Tanh(), nn.Hardswish()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", ACTS, ids=lambda a: type(a).__name__ + getattr(a, "approximate", ""))
+def test_fires_and_matches_eager_training(device, act, fusion):
+    torch.manual_seed(0)
+    model = _perturb(Block(act=act)).to(device)
+    x = rand_input((2, 16, 9, 7), torch.float32, device).requires_grad_()
+    ref = model(x)
+    ref_g = torch.autograd.grad((ref * ref).sum(), [x, *model.parameters()])
+    comp = torch.compile(model, fullgraph=True)
+    out = comp(x)
+    g = torch.autograd.grad((out * out).sum(), [x, *model.parameters()])
+    assert fusion() == {"group_norm_act": 2, "residual": 1}
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_dynamic_shapes(device, fusion):
+    torch.manual_seed(0)
+    model = _perturb(Block()).to(device).eval()
+    comp = torch.compile(model, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for shape in [(2, 16, 8, 8), (3, 16, 5, 11), (1, 16, 12, 4)]:
+            x = rand_input(shape, torch.float32, device)
+            torch.testing.assert_close(comp(x), model(x), rtol=1e-4, atol=1e-4)
+    assert fusion()["group_norm_act"] >= 2
+
+
+def test_gnext_op_in_the_compiled_graph(fusion):
+    """The graph AOTAutograd hands Inductor holds gnext's forward and backward ops, not aten's GroupNorm."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        def compiler(g, _):
+            seen.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
+            return make_boxed_func(g.forward)
+
+        compile_fusion._rewrite(gm.graph, "always")
+        gm.recompile()
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
+
+    model = _perturb(Block())
+    x = rand_input((2, 16, 6, 6), torch.float32, "cpu").requires_grad_()
+    out = torch.compile(model, backend=backend, fullgraph=True)(x)
+    out.sum().backward()
+    assert sum("gnext.group_norm_act.default" in s for s in seen) == 2
+    assert sum("gnext.group_norm_act_backward.default" in s for s in seen) == 2
+    assert not any("native_group_norm" in s for s in seen)
+
+
+def test_chains_left_alone(fusion):
+    """No rewrite when the GroupNorm output or the activation output has another user, for an unknown
+    activation, for a broadcasting add (only the activation is fused), and under autocast-like dtype
+    changes."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n = nn.GroupNorm(4, 16)
+
+        def forward(self, x, b):
+            y = self.n(x)
+            a = F.silu(y) + y                          # y has two users: unfused
+            s = torch.sigmoid(self.n(x))               # not an activation gnext has: unfused
+            r = F.silu(self.n(x)) + b                  # broadcast residual: act fused, add kept
+            return a + s + r
+
+    m = _perturb(M())
+    x, b = rand_input((2, 16, 5, 5), torch.float32, "cpu"), torch.randn(16, 1, 1)
+    torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, b), m(x, b), rtol=1e-4, atol=1e-4)
+    assert fusion() == {"group_norm_act": 1, "residual": 0}
+
+
+def test_auto_rule():
+    x = torch.empty(2, 64, 32, 32, device="meta")
+    fake_cuda = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="meta")
+    rule = compile_fusion._fusable
+    assert rule(x, x, (None, None), "always")
+    assert not rule(x, x, (None, None), "auto")  # not CUDA
+    assert not rule(fake_cuda, fake_cuda.float(), (None, None), "always")  # autocast: output in float32
+    assert not rule(fake_cuda, fake_cuda, (torch.empty(64, dtype=torch.float64, device="meta"), None), "always")
+    with pytest.raises(ValueError, match="when must be 'auto' or 'always', got 'sometimes'"):
+        ge.enable_compile_fusion(when="sometimes")
+
+
+def test_enable_disable_keeps_a_previous_pass():
+    from torch._inductor import config
+
+    calls = []
+    prev = config.pre_grad_custom_pass
+    try:
+        config.pre_grad_custom_pass = lambda g: calls.append(1)
+        ge.enable_compile_fusion()
+        ge.enable_compile_fusion()  # twice: still one gnext pass
+        p = config.pre_grad_custom_pass
+        assert isinstance(p, compile_fusion._pass_class()) and not isinstance(p.previous, compile_fusion._pass_class())
+        assert p.uuid() is None  # the previous pass has no uuid: Inductor must bypass its cache
+        p(torch.fx.Graph())
+        assert calls == [1]
+        ge.disable_compile_fusion()
+        assert config.pre_grad_custom_pass is not p and not isinstance(config.pre_grad_custom_pass,
+                                                                        compile_fusion._pass_class())
+        config.pre_grad_custom_pass = None
+        ge.enable_compile_fusion()
+        assert isinstance(config.pre_grad_custom_pass.uuid(), bytes)  # alone: cacheable
+    finally:
+        ge.disable_compile_fusion()
+        config.pre_grad_custom_pass = prev
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cuda_auto_rule_training_and_reduce_overhead(dtype, channels_last):
+    torch._dynamo.reset()
+    before = compile_fusion.compile_fusion_stats["group_norm_act"]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    torch.manual_seed(0)
+    model = _perturb(Block(C=64, G=32)).cuda().to(dtype).to(memory_format=fmt)
+    x = rand_input((2, 64, 32, 32), dtype, "cuda", memory_format=fmt).requires_grad_()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        ge.enable_compile_fusion()
+        try:
+            comp = torch.compile(model, fullgraph=True)
+            out = comp(x)
+            g = torch.autograd.grad(out.float().square().sum(), [x, *model.parameters()])
+            assert compile_fusion.compile_fusion_stats["group_norm_act"] - before == 2
+            ref = model(x)
+            ref_g = torch.autograd.grad(ref.float().square().sum(), [x, *model.parameters()])
+            tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+            torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+            for a, b in zip(g, ref_g):
+                assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 3 * tol
+            torch._dynamo.reset()
+            ro = torch.compile(model.eval(), mode="reduce-overhead", fullgraph=True)
+            with torch.no_grad():
+                xi = x.detach()
+                for _ in range(3):
+                    y = ro(xi)
+                torch.testing.assert_close(y, model(xi), rtol=tol, atol=tol)
+        finally:
+            ge.disable_compile_fusion()
+            torch._dynamo.reset()
