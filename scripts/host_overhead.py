@@ -1,8 +1,12 @@
-"""Host (CPU) time per call of gnext's ops at a tiny shape, where the GPU work is negligible, next to
-PyTorch's own GroupNorm: the launch overhead that decides small-tensor (host-bound) timings.
+"""Host (CPU) time per call of gnext's GroupNorm and GroupNorm+SiLU next to PyTorch's F.group_norm and
+F.silu(F.group_norm(...)), forward without grad and forward+backward, in one process.
   python scripts/host_overhead.py [--json out.json]
-Times are the median over 5 rounds of (wall time of 500 calls) / 500, the GPU synchronized before
-and after each round, so they include the host path and any wait on the GPU."""
+Two measurements per row:
+  * tiny shape (2x32x8x8 fp32, G=8), where the GPU work is negligible: wall time of 300 calls / 300 with
+    the GPU synchronized before and after (host-bound, so this is the host path);
+  * the issue's shape (2x320x64x64 fp16, G=32): host time to enqueue 30 calls / 30 (the GPU runs behind
+    and is synchronized only after the clock stops), so GPU time does not hide or inflate it.
+Each is the median of 7 rounds."""
 from __future__ import annotations
 
 import argparse
@@ -19,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import groupnorm_ext as ge  # noqa: E402
 
 
-def per_call_us(fn, n=500, rounds=5):
-    for _ in range(20):
+def host_us(fn, n, sync_inside, rounds=7):
+    for _ in range(10):
         fn()
     times = []
     for _ in range(rounds):
@@ -28,33 +32,58 @@ def per_call_us(fn, n=500, rounds=5):
         t = time.perf_counter()
         for _ in range(n):
             fn()
-        torch.cuda.synchronize()
+        if sync_inside:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - t) / n * 1e6)
+        torch.cuda.synchronize()
     return statistics.median(times)
+
+
+def cases(shape, dtype, G):
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
+    w = torch.randn(shape[1], device="cuda", dtype=dtype, requires_grad=True)
+    b = torch.randn(shape[1], device="cuda", dtype=dtype, requires_grad=True)
+    xg = x.clone().requires_grad_()
+    g = torch.randn_like(x)
+    fwd = {"group_norm: gnext": lambda: ge.group_norm(x, G, w, b),
+           "group_norm: F.group_norm": lambda: F.group_norm(x, G, w, b),
+           "GN+SiLU: gnext group_norm_act": lambda: ge.group_norm_act(x, G, w, b, activation="silu"),
+           "GN+SiLU: F.silu(F.group_norm)": lambda: F.silu(F.group_norm(x, G, w, b))}
+    fb = {"group_norm: gnext": lambda: ge.group_norm(xg, G, w, b).backward(g),
+          "group_norm: F.group_norm": lambda: F.group_norm(xg, G, w, b).backward(g),
+          "GN+SiLU: gnext group_norm_act": lambda: ge.group_norm_act(xg, G, w, b, activation="silu").backward(g),
+          "GN+SiLU: F.silu(F.group_norm)": lambda: F.silu(F.group_norm(xg, G, w, b)).backward(g)}
+    return fwd, fb
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    x = torch.randn(2, 32, 8, 8, device="cuda")
-    w = torch.randn(32, device="cuda", requires_grad=True)
-    b = torch.randn(32, device="cuda", requires_grad=True)
-    xg = x.clone().requires_grad_()
-    g = torch.randn_like(x)
-    rows = {}
-    with torch.no_grad():
-        rows["forward, no grad: gnext"] = per_call_us(lambda: ge.group_norm(x, 8, w, b))
-        rows["forward, no grad: F.group_norm"] = per_call_us(lambda: F.group_norm(x, 8, w, b))
-        rows["forward, no grad: raw op"] = per_call_us(lambda: torch.ops.gnext.group_norm(x, 8, w, b, 1e-5))
-    rows["forward+backward: gnext"] = per_call_us(lambda: ge.group_norm(xg, 8, w, b).backward(g))
-    rows["forward+backward: F.group_norm"] = per_call_us(lambda: F.group_norm(xg, 8, w, b).backward(g))
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} shape 2x32x8x8 fp32 G=8 (us per call)")
-    for k, v in rows.items():
-        print(f"  {k:34s} {v:8.1f}")
+    res = {}
+    for label, shape, dtype, G, n, sync_inside in (("2x32x8x8 fp32 G=8 (wall/call)", (2, 32, 8, 8), torch.float32, 8,
+                                                    300, True),
+                                                   ("2x320x64x64 fp16 G=32 (enqueue/call)", (2, 320, 64, 64),
+                                                    torch.float16, 32, 30, False)):
+        fwd, fb = cases(shape, dtype, G)
+        rows = {}
+        with torch.no_grad():
+            for k, fn in fwd.items():
+                rows[f"forward, no grad | {k}"] = host_us(fn, n, sync_inside)
+        for k, fn in fb.items():
+            rows[f"forward+backward | {k}"] = host_us(fn, n, sync_inside)
+        res[label] = rows
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} (host us per call, median of 7 rounds)")
+    for label, rows in res.items():
+        print(label)
+        keys = list(rows)
+        for i in range(0, len(keys), 2):  # gnext row, then its PyTorch counterpart
+            a, b = rows[keys[i]], rows[keys[i + 1]]
+            print(f"  {keys[i]:52s} {a:8.1f}   vs {keys[i + 1].split('| ')[1]:28s} {b:8.1f}   ratio {a / b:5.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                               "us_per_call": rows}, indent=1))
+                                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                               "us_per_call": res}, indent=1))
 
 
 if __name__ == "__main__":

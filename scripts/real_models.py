@@ -1,11 +1,26 @@
 #!/usr/bin/env python3
-"""Real models end to end (issue 5): diffusers AutoencoderKL decoder and UNet2DModel, and a timm
-ResNetV2-BiT (GroupNormAct layers), in fp16/bf16, NCHW and channels_last, on a real image
-(skimage.data.astronaut()). For each: the difference of the gnext-converted model's output from the
-original's (with the original's own fp16/bf16-vs-fp32 difference for scale), and inference times of
-original eager, converted eager and torch.compile(original) from one process.
+"""Real models with and without gnext, the way users run them: eager and torch.compile, inference and
+training steps. Rows (random weights, real image input from skimage.data.astronaut()):
 
-    python scripts/real_models.py --out bench_results     (GPU; diffusers, timm, scikit-image needed)
+  vae-fp16-nchw / vae-fp16-cl   diffusers AutoencoderKL decoder, SD-1.x layout, fp16, 1x4x64x64 latents
+                                (the encoder's posterior mean of the image) -> 1x3x512x512
+  unet2d-train-bf16             diffusers UNet2DModel (block_out_channels 128,256,256,512), bf16, batch 8
+                                of 64x64: one training step (forward + backward of a mean-square loss)
+  sd15-unet-fp16                diffusers UNet2DConditionModel, SD-1.5 layout, fp16, 2x4x64x64 latents and
+                                2x77x768 text states: inference
+  bit-train-bf16                timm resnetv2_50x1_bit (GroupNormAct layers), bf16, batch 32 of 224x224: one
+                                training step
+
+Variants: original eager; gnext eager (groupnorm_ext.convert_group_norm_act, which also fuses diffusers'
+ResnetBlock2D pairs); torch.compile(original); torch.compile(original) with
+groupnorm_ext.enable_compile_fusion() active while it compiles. Timing: wall time (host + GPU) of a
+batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
+timed in rounds, each once per round in a rotating order, and the median and min-max over rounds are
+reported. Output columns: relative L2 difference of each variant's output from the float32 original's.
+
+    python scripts/real_models.py [--rows vae-fp16-nchw,...] [--rounds 5] [--out bench_results]
+    python scripts/real_models.py --smoke        (CPU, tiny configs: checks the script, times nothing real)
+Needs diffusers, timm and scikit-image (the benchmark only; gnext does not depend on them).
 """
 from __future__ import annotations
 
@@ -14,16 +29,19 @@ import copy
 import datetime
 import json
 import pathlib
+import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 import groupnorm_ext as ge  # noqa: E402
-from bench import Timer  # noqa: E402
+from groupnorm_ext import compile_fusion  # noqa: E402
+
+VARIANTS = ("eager", "gnext", "compile", "compile+fusion")
 
 
 def image(size, n):
@@ -35,45 +53,90 @@ def image(size, n):
     return img.repeat(n, 1, 1, 1)
 
 
-def models():
-    """name -> (module in fp32 on cuda, make_input(dtype, fmt) -> args, converter)."""
-    from diffusers import AutoencoderKL, UNet2DModel
+class Decoder(torch.nn.Module):
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, z):
+        return self.vae.decode(z).sample
+
+
+def _sample(o):
+    return o[0] if isinstance(o, (tuple, list)) else getattr(o, "sample", o)
+
+
+def build(row, dev, smoke):
+    """(fp32 model on dev, inputs in fp32, dtype, memory format, train)."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel, UNet2DModel
     import timm
 
     torch.manual_seed(0)
-    out = {}
-    # SD-1.x VAE layout (diffusers' AutoencoderKL defaults are a one-level toy): decoder from 64x64 latents.
-    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, norm_num_groups=32, layers_per_block=2,
-                        block_out_channels=(128, 256, 512, 512),
-                        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4)
-    vae = vae.cuda().eval()
-    with torch.no_grad():  # real latents: the encoder's posterior mean of the image
-        lat = vae.encode(image(512, 1).cuda()).latent_dist.mean
+    s = 8 if smoke else 1  # smoke: channel and size divisor
+    if row.startswith("vae"):
+        ch = tuple(c // s for c in (128, 256, 512, 512))
+        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, norm_num_groups=32 // s,
+                            layers_per_block=2, block_out_channels=ch, down_block_types=("DownEncoderBlock2D",) * 4,
+                            up_block_types=("UpDecoderBlock2D",) * 4).to(dev).eval()
+        with torch.no_grad():  # real latents: the encoder's posterior mean of the image
+            lat = vae.encode(image(512 // s, 1).to(dev)).latent_dist.mean
+        fmt = torch.channels_last if row.endswith("cl") else torch.contiguous_format
+        return Decoder(vae), (lat,), torch.float16, fmt, False
+    if row == "unet2d-train-bf16":
+        ch = tuple(c // s for c in (128, 256, 256, 512))
+        unet = UNet2DModel(sample_size=64 // s, block_out_channels=ch, norm_num_groups=32 // s,
+                           down_block_types=("DownBlock2D", "DownBlock2D", "AttnDownBlock2D", "DownBlock2D"),
+                           up_block_types=("UpBlock2D", "AttnUpBlock2D", "UpBlock2D", "UpBlock2D")).to(dev).train()
+        n = 2 if smoke else 8
+        return unet, (image(64 // s, n).to(dev), torch.linspace(10, 900, n).long().to(dev)), torch.bfloat16, \
+            torch.contiguous_format, True
+    if row == "sd15-unet-fp16":
+        ch = tuple(c // s for c in (320, 640, 1280, 1280))
+        unet = UNet2DConditionModel(sample_size=64 // s, block_out_channels=ch, norm_num_groups=32 // s,
+                                    cross_attention_dim=768 // s, attention_head_dim=8).to(dev).eval()
+        torch.manual_seed(1)
+        lat = F.interpolate(image(512 // s, 2), scale_factor=1 / 8, mode="area")
+        lat = torch.cat([lat, lat.mean(1, keepdim=True)], 1).to(dev)  # 4 latent channels from the image
+        text = torch.randn(2, 77, 768 // s, device=dev)
+        return unet, (lat, torch.tensor([500, 500], device=dev), text), torch.float16, torch.contiguous_format, False
+    if row == "bit-train-bf16":
+        bit = timm.create_model("resnetv2_50x1_bit", pretrained=False, num_classes=1000).to(dev).train()
+        n, size = (2, 64) if smoke else (32, 224)
+        return bit, (image(size, n).to(dev),), torch.bfloat16, torch.contiguous_format, True
+    raise ValueError(f"unknown row {row!r}")
 
-    class Decoder(torch.nn.Module):
-        def __init__(self, vae):
-            super().__init__()
-            self.vae = vae
 
-        def forward(self, z):
-            return self.vae.decode(z).sample
-
-    out["diffusers AutoencoderKL decoder (SD layout) 1x4x64x64 -> 512x512"] = (
-        Decoder(vae), lambda dt, fmt: (lat.to(dt).contiguous(memory_format=fmt),), ge.convert_group_norm)
-    unet = UNet2DModel(sample_size=128).cuda().eval()  # diffusers' default config
-    img = image(128, 2).cuda()
-    t = torch.tensor([500, 500], device="cuda")
-    out["diffusers UNet2DModel (default config) 2x3x128x128"] = (
-        unet, lambda dt, fmt: (img.to(dt).contiguous(memory_format=fmt), t), ge.convert_group_norm)
-    bit = timm.create_model("resnetv2_50x1_bit", pretrained=False, num_classes=1000).cuda().eval()
-    img224 = image(224, 8).cuda()
-    out["timm resnetv2_50x1_bit (GroupNormAct) 8x3x224x224"] = (
-        bit, lambda dt, fmt: (img224.to(dt).contiguous(memory_format=fmt),), ge.convert_group_norm_act)
-    return out
+ROWS = ("vae-fp16-nchw", "vae-fp16-cl", "unet2d-train-bf16", "sd15-unet-fp16", "bit-train-bf16")
 
 
-def first(o):
-    return o[0] if isinstance(o, (tuple, list)) else getattr(o, "sample", o)
+def _cast(args, dtype, fmt):
+    return tuple(a.to(dtype).contiguous(memory_format=fmt) if a.is_floating_point() and a.dim() == 4
+                 else a.to(dtype) if a.is_floating_point() else a for a in args)
+
+
+def step_fn(model, args, train):
+    """One call as the user makes it: inference under no_grad, or forward + backward."""
+    if not train:
+        def run():
+            with torch.no_grad():
+                return _sample(model(*args))
+        return run
+
+    def run():
+        for p in model.parameters():
+            p.grad = None
+        out = _sample(model(*args))
+        out.float().square().mean().backward()
+        return out.detach()
+    return run
+
+
+def inductor_with_fusion(gm, example_inputs):
+    """Inductor, as a distinct backend callable (Dynamo's BACKEND_MATCH guard then keeps its cache entries
+    apart from those of torch.compile's default backend); the pass comes from enable_compile_fusion()."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs)
 
 
 def rel(a, b):
@@ -81,70 +144,143 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def write(out_dir, meta, rows):
-    """real_models.json and real_models.md under out_dir; returns the markdown."""
-    lines = [f"Device: {meta['device']} · torch {meta['torch']} · {meta['date']} · {meta['timing']} · "
-             f"input: {meta['input']}", "",
-             "| model | dtype | format | GNs | original ms | gnext ms | x original | compile(original) ms | "
-             "rel diff gnext vs original | rel diff original vs fp32 | rel diff gnext vs fp32 |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def wall_ms(fn, sync, iters):
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
+def run_row(row, dev, smoke, rounds, when, progress):
+    model32, args32, dtype, fmt, train = build(row, dev, smoke)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    with torch.no_grad() if not train else torch.enable_grad():
+        ref = step_fn(model32.to(memory_format=fmt), _cast(args32, torch.float32, fmt), train)().float()
+    args = _cast(args32, dtype, fmt)
+    orig = copy.deepcopy(model32).to(dtype).to(memory_format=fmt)
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(orig), return_counts=True)
+    fns, info = {}, {"converted": counts}
+    fns["eager"] = step_fn(orig, args, train)
+    fns["gnext"] = step_fn(conv, args, train)
+    torch._dynamo.reset()
+    fns["compile"] = step_fn(torch.compile(copy.deepcopy(orig)), args, train)
+    outs, t_compile = {}, {}
+    for v in ("eager", "gnext", "compile"):
+        t0 = time.perf_counter()
+        outs[v] = fns[v]()
+        t_compile[v] = time.perf_counter() - t0
+        progress(f"{row}: {v} first call {t_compile[v]:.1f} s")
+    before = compile_fusion.compile_fusion_stats["group_norm_act"]
+    ge.enable_compile_fusion(when=when)
+    try:  # a backend object of its own: Dynamo must not hand this model the "compile" variant's cached code
+        fns["compile+fusion"] = step_fn(torch.compile(copy.deepcopy(orig), backend=inductor_with_fusion), args, train)
+        t0 = time.perf_counter()
+        outs["compile+fusion"] = fns["compile+fusion"]()
+        fns["compile+fusion"]()  # a second call under the pass: recompiles (if any) get it too
+        progress(f"{row}: compile+fusion first calls {time.perf_counter() - t0:.1f} s")
+    finally:
+        ge.disable_compile_fusion()
+    info["fusion_rewrites"] = compile_fusion.compile_fusion_stats["group_norm_act"] - before
+    for v in VARIANTS:  # warm-up, and the number of calls per timing (~0.25 s each)
+        fns[v]()
+    iters = {v: max(1, min(50, int(250 / max(wall_ms(fns[v], sync, 1), 1e-3)))) for v in VARIANTS}
+    if smoke:
+        iters = dict.fromkeys(VARIANTS, 1)
+    times = {v: [] for v in VARIANTS}
+    for r in range(rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        for v in order:
+            times[v].append(wall_ms(fns[v], sync, iters[v]))
+        progress(f"{row}: round {r + 1}/{rounds} " + " ".join(f"{v} {times[v][-1]:.2f}" for v in VARIANTS))
+    res = {"row": row, "dtype": str(dtype).split(".")[1], "format": "cl" if fmt == torch.channels_last else "nchw",
+           "train": train, "iters_per_timing": iters, **info,
+           "ms": {v: statistics.median(times[v]) for v in VARIANTS},
+           "ms_min": {v: min(times[v]) for v in VARIANTS}, "ms_max": {v: max(times[v]) for v in VARIANTS},
+           "ms_rounds": times,
+           "rel_diff_vs_fp32": {v: rel(outs[v].float(), ref) for v in VARIANTS}}
+    del fns, orig, conv
+    torch._dynamo.reset()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def write(out_dir, meta, rows, name="real_models"):
+    """<name>.json, <name>.md and <name>.png (bars: speed-up over original eager) under out_dir."""
+    lines = [f"{meta['device']} · torch {meta['torch']} · {meta['date']} · {meta['timing']}", "",
+             "| model | eager ms | gnext eager ms (x) | compile ms (x) | compile + fusion ms (x) | fusion vs compile | "
+             "rel diff vs fp32: eager / gnext / compile / compile+fusion |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        c = f"{r['compile_ms']:.3f}" if "compile_ms" in r else "–"
-        lines.append(f"| {r['model']} | {r['dtype']} | {r['format']} | {r['groupnorms']} | {r['original_ms']:.3f} | "
-                     f"{r['gnext_ms']:.3f} | {r['original_ms'] / r['gnext_ms']:.2f} | {c} | "
-                     f"{r['rel_diff_converted_vs_original']:.1e} | {r['rel_diff_original_vs_fp32']:.1e} | "
-                     f"{r['rel_diff_converted_vs_fp32']:.1e} |")
+        ms, lo, hi = r["ms"], r["ms_min"], r["ms_max"]
+        cell = lambda v: f"{ms[v]:.2f} [{lo[v]:.2f}–{hi[v]:.2f}]"  # noqa: E731
+        x = lambda v: f"{cell(v)} ({ms['eager'] / ms[v]:.2f}x)"  # noqa: E731
+        d = r["rel_diff_vs_fp32"]
+        lines.append(f"| {r['row']} | {cell('eager')} | {x('gnext')} | {x('compile')} | {x('compile+fusion')} | "
+                     f"{ms['compile'] / ms['compile+fusion']:.2f}x | "
+                     f"{' / '.join(f'{d[v]:.1e}' for v in VARIANTS)} |")
+    lines += ["", "Times: median [min–max] over rounds, ms per call (host + GPU). (x): speed-up over original eager. "
+              "Converted layers and compile-pass rewrites per row are in the JSON."]
     md = "\n".join(lines) + "\n"
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "real_models.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / "real_models.md").write_text(md)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / f"{name}.md").write_text(md)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(9, 3.6))
+        w = 0.27
+        for i, v in enumerate(VARIANTS[1:]):
+            ys = [r["ms"]["eager"] / r["ms"][v] for r in rows]
+            err = [[y - r["ms"]["eager"] / r["ms_max"][v] for y, r in zip(ys, rows)],
+                   [r["ms"]["eager"] / r["ms_min"][v] - y for y, r in zip(ys, rows)]]
+            ax.bar([k + (i - 1) * w for k in range(len(rows))], ys, w, yerr=err, capsize=2, label=v)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(rows)), [r["row"] for r in rows], fontsize=8)
+        ax.set_ylabel("speed-up over original eager")
+        ax.set_title(f"{meta['device']}, torch {meta['torch']}", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=110)
+    except ImportError:
+        pass
     return md
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=str(ROOT / "bench_results"))
-    p.add_argument("--compile", default="bfloat16:cl",
-                   help="dtype:format pairs that also time torch.compile(original) (compiles are slow)")
+    p.add_argument("--name", default="real_models")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny configs, when='always'")
     args = p.parse_args()
-    timer = Timer("cuda")
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    dev = "cpu" if args.smoke else "cuda"
+    when = "always" if args.smoke else "auto"
+    try:
+        from tqdm import tqdm
+
+        progress = tqdm.write
+    except ImportError:
+        progress = print
+    meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "timing": "median of CUDA-event-timed inference calls (torch.no_grad), L2 flushed before each",
-            "input": "skimage.data.astronaut() resized; VAE: its encoder's latents"}
-    compile_set = set(args.compile.split(","))
+            "timing": f"wall time per call, {args.rounds} interleaved rounds",
+            "input": "skimage.data.astronaut(); VAE: its encoder's latents"}
     rows = []
-    for name, (model, make, convert) in models().items():
-        n_gn = sum(isinstance(m, torch.nn.GroupNorm) for m in model.modules())
-        for dt in (torch.float16, torch.bfloat16):
-            for fmt_name, fmt in (("nchw", torch.contiguous_format), ("cl", torch.channels_last)):
-                orig = copy.deepcopy(model).to(dt).to(memory_format=fmt)
-                conv = convert(copy.deepcopy(orig))
-                inputs = make(dt, fmt)
-                with torch.no_grad():
-                    y_ref32 = first(copy.deepcopy(model).to(memory_format=fmt)(*[
-                        a.float() if a.is_floating_point() else a for a in inputs]))
-                    y_o, y_c = first(orig(*inputs)), first(conv(*inputs))
-                    row = {"model": name, "dtype": str(dt).split(".")[1], "format": fmt_name, "groupnorms": n_gn,
-                           "rel_diff_converted_vs_original": rel(y_c, y_o),
-                           "max_abs_diff_converted_vs_original": (y_c.double() - y_o.double()).abs().max().item(),
-                           "rel_diff_original_vs_fp32": rel(y_o, y_ref32),
-                           "rel_diff_converted_vs_fp32": rel(y_c, y_ref32),
-                           "original_ms": timer(lambda: orig(*inputs)), "gnext_ms": timer(lambda: conv(*inputs))}
-                    key = f"{row['dtype']}:{fmt_name}"
-                    if key in compile_set:
-                        torch._dynamo.reset()
-                        comp = torch.compile(orig)
-                        comp(*inputs)
-                        row["compile_ms"] = timer(lambda: comp(*inputs))
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-                write(args.out, meta, rows)  # after every row: a time limit loses at most one
-                del orig, conv
-                torch.cuda.empty_cache()
+    for row in args.rows.split(","):
+        res = run_row(row, dev, args.smoke, args.rounds, when, progress)
+        print(json.dumps({k: res[k] for k in ("row", "ms", "converted", "fusion_rewrites")}), flush=True)
+        rows.append(res)
+        write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one
     print()
-    print(write(args.out, meta, rows))
+    print(write(args.out, meta, rows, args.name))
 
 
 if __name__ == "__main__":
