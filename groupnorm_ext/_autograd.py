@@ -23,6 +23,17 @@ def _cast(t, dtype):
     return None if t is None else t.to(dtype)
 
 
+def _call_backward(op, *args):
+    """Runs a gnext *_backward op from a backward function. Outside create_graph (grad mode off, the
+    usual case) it goes straight below autograd: the op's Autograd kernel is Python, and skipping it
+    saves a Python round trip per backward call. With create_graph the Autograd kernel runs (it makes
+    double backward raise)."""
+    if torch._C.is_grad_enabled():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 # group_norm(input, num_groups, weight, bias, eps) -> (out, mean, rstd)
 def _gn_setup(ctx, inputs, output):
     input, num_groups, weight, bias, _ = inputs
@@ -39,7 +50,8 @@ def _gn_backward(ctx, grad_out, _gmean, _grstd):
     mask = [need[0], need[2], need[3]]
     if grad_out is None or not any(mask):
         return None, None, None, None, None
-    dx, dw, db = torch.ops.gnext.group_norm_backward(grad_out, input, mean, rstd, weight, ctx.num_groups, mask)
+    dx, dw, db = _call_backward(torch.ops.gnext.group_norm_backward.default, grad_out, input, mean, rstd, weight,
+                                ctx.num_groups, mask)
     return dx, None, dw, _cast(db, ctx.bias_dtype), None
 
 
@@ -62,8 +74,8 @@ def _act_backward(ctx, grad_out, _gmean, _grstd):
     mask = [need[0], need[2], need[3]]
     if not any(mask):
         return None, None, None, None, None, None, dres
-    dx, dw, db = torch.ops.gnext.group_norm_act_backward(grad_out, input, mean, rstd, weight, bias, ctx.num_groups,
-                                                         ctx.activation, mask)
+    dx, dw, db = _call_backward(torch.ops.gnext.group_norm_act_backward.default, grad_out, input, mean, rstd, weight,
+                                bias, ctx.num_groups, ctx.activation, mask)
     return dx, None, dw, _cast(db, ctx.bias_dtype), None, None, dres
 
 
@@ -84,7 +96,8 @@ def _lse_backward(ctx, grad_out, _gmean, _grstd):
     mask = [need[0], need[1], need[3], need[4]]
     if grad_out is None or not any(mask):
         return (None,) * 8
-    dx, dib, dw, db = torch.ops.gnext.group_norm_act_logsumexp_backward(
+    dx, dib, dw, db = _call_backward(
+        torch.ops.gnext.group_norm_act_logsumexp_backward.default,
         grad_out, out, input, input_bias, mean, rstd, weight, bias, ctx.num_groups, ctx.activation, ctx.residual,
         mask)
     return dx, dib, None, dw, _cast(db, ctx.bias_dtype), None, None, None
@@ -109,7 +122,8 @@ def _conv_backward(ctx, grad_out, _gz, _gmean, _grstd):
     if grad_out is None or not any(mask):
         return (None,) * 13
     stride, padding, output_padding, dilation, groups, num_groups, approximate = ctx.args
-    di, dw, db, dgw, dgb = torch.ops.gnext.conv_transpose2d_gelu_group_norm_backward(
+    di, dw, db, dgw, dgb = _call_backward(
+        torch.ops.gnext.conv_transpose2d_gelu_group_norm_backward.default,
         grad_out, input, weight, conv_bias, z, mean, rstd, gn_weight, stride, padding, output_padding, dilation,
         groups, num_groups, approximate, mask)
     return di, dw, db, None, None, None, None, None, None, dgw, _cast(dgb, ctx.gn_bias_dtype), None, None

@@ -59,6 +59,8 @@ def cases(shape, dtype, G):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true",
+                   help="also print torch.profiler's CPU-time table of 20 forward+backward calls of each, 2x320x64x64")
     args = p.parse_args()
     res = {}
     for label, shape, dtype, G, n, sync_inside in (("2x32x8x8 fp32 G=8 (wall/call)", (2, 32, 8, 8), torch.float32, 8,
@@ -80,6 +82,20 @@ def main():
         for i in range(0, len(keys), 2):  # gnext row, then its PyTorch counterpart
             a, b = rows[keys[i]], rows[keys[i + 1]]
             print(f"  {keys[i]:52s} {a:8.1f}   vs {keys[i + 1].split('| ')[1]:28s} {b:8.1f}   ratio {a / b:5.2f}")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        _, fb = cases((2, 320, 64, 64), torch.float16, 32)
+        for k in ("group_norm: gnext", "group_norm: F.group_norm"):
+            for _ in range(5):
+                fb[k]()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(20):
+                    fb[k]()
+                torch.cuda.synchronize()
+            print(f"--- profile, forward+backward x20: {k}")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=48))
     if args.json:
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
