@@ -141,13 +141,23 @@ def test_chains_left_alone(fusion):
 
 
 def test_auto_rule():
-    x = torch.empty(2, 64, 32, 32, device="meta")
-    fake_cuda = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="meta")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # CUDA tensors without a GPU
+        cuda = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="cuda")
+        small = torch.empty(2, 8, 4, 4, dtype=torch.float16, device="cuda")
+        five_d = torch.empty(2, 64, 4, 32, 32, dtype=torch.float16, device="cuda")
+        train = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="cuda", requires_grad=True)
+        w64 = torch.empty(64, dtype=torch.float64, device="cuda")
+    cpu = torch.empty(2, 64, 32, 32, device="meta")
     rule = compile_fusion._fusable
-    assert rule(x, x, (None, None), "always")
-    assert not rule(x, x, (None, None), "auto")  # not CUDA
-    assert not rule(fake_cuda, fake_cuda.float(), (None, None), "always")  # autocast: output in float32
-    assert not rule(fake_cuda, fake_cuda, (torch.empty(64, dtype=torch.float64, device="meta"), None), "always")
+    assert rule(cuda, cuda, (None, None), "auto")
+    assert not rule(small, small, (None, None), "auto") and rule(small, small, (None, None), "always")
+    assert not rule(five_d, five_d, (None, None), "auto") and rule(five_d, five_d, (None, None), "always")
+    assert not rule(train, train, (None, None), "auto") and rule(train, train, (None, None), "always")
+    assert not rule(cpu, cpu, (None, None), "auto") and rule(cpu, cpu, (None, None), "always")
+    assert not rule(cuda, cuda.float(), (None, None), "always")  # autocast: output in float32
+    assert not rule(cuda, cuda, (w64, None), "always")
     with pytest.raises(ValueError, match="when must be 'auto' or 'always', got 'sometimes'"):
         ge.enable_compile_fusion(when="sometimes")
 
@@ -180,33 +190,40 @@ def test_enable_disable_keeps_a_previous_pass():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_cuda_auto_rule_training_and_reduce_overhead(dtype, channels_last):
-    torch._dynamo.reset()
-    before = compile_fusion.compile_fusion_stats["group_norm_act"]
+def test_cuda_training_and_reduce_overhead(dtype, channels_last):
+    """CUDA, half precision: a training graph rewritten (when='always') matches eager in outputs and
+    gradients; when='auto' leaves training graphs alone and rewrites the inference graph, also under
+    mode='reduce-overhead' (CUDA graphs)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     torch.manual_seed(0)
     model = _perturb(Block(C=64, G=32)).cuda().to(dtype).to(memory_format=fmt)
     x = rand_input((2, 64, 32, 32), dtype, "cuda", memory_format=fmt).requires_grad_()
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3  # relative L2; elementwise: a few ulps of max|ref|
+    stats = compile_fusion.compile_fusion_stats
     with torch._inductor.config.patch(fx_graph_cache=False):
-        ge.enable_compile_fusion()
         try:
-            comp = torch.compile(model, fullgraph=True)
-            out = comp(x)
-            g = torch.autograd.grad(out.float().square().sum(), [x, *model.parameters()])
-            assert compile_fusion.compile_fusion_stats["group_norm_act"] - before == 2
-            ref = model(x)
-            ref_g = torch.autograd.grad(ref.float().square().sum(), [x, *model.parameters()])
-            tol = 1e-2 if dtype == torch.bfloat16 else 2e-3  # relative L2; elementwise: a few ulps of max|ref|
-            _close(out, ref, tol, 8 * torch.finfo(dtype).eps)
-            for a, b in zip(g, ref_g):
-                _close(a, b, 3 * tol, 32 * torch.finfo(dtype).eps)
+            for when, expected in (("auto", 0), ("always", 2)):
+                torch._dynamo.reset()
+                before = stats["group_norm_act"]
+                ge.enable_compile_fusion(when=when)
+                out = torch.compile(model, fullgraph=True)(x)
+                g = torch.autograd.grad(out.float().square().sum(), [x, *model.parameters()])
+                assert stats["group_norm_act"] - before == expected, when
+                ref = model(x)
+                ref_g = torch.autograd.grad(ref.float().square().sum(), [x, *model.parameters()])
+                _close(out, ref, tol, 8 * torch.finfo(dtype).eps)
+                for a, b in zip(g, ref_g):
+                    _close(a, b, 3 * tol, 32 * torch.finfo(dtype).eps)
             torch._dynamo.reset()
+            before = stats["group_norm_act"]
+            ge.enable_compile_fusion()
             ro = torch.compile(model.eval(), mode="reduce-overhead", fullgraph=True)
             with torch.no_grad():
                 xi = x.detach()
                 for _ in range(3):
                     y = ro(xi)
                 _close(y, model(xi), tol, 8 * torch.finfo(dtype).eps)
+            assert stats["group_norm_act"] - before == 2
         finally:
             ge.disable_compile_fusion()
             torch._dynamo.reset()
