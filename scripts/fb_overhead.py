@@ -25,15 +25,19 @@ SHAPES = [
     ("SD 2x320x64x64 fp16", (2, 320, 64, 64), 32, torch.float16),
     ("seq 8x512x4096 fp16", (8, 512, 4096), 32, torch.float16),
 ]
+# The GroupNorm layers of real_models.py's UNet2DModel training row (batch 8, 64x64, bf16).
+UNET_SHAPES = [(f"UNet2D 8x{c}x{s}x{s} bf16", (8, c, s, s), 32, torch.bfloat16)
+               for c, s in ((128, 64), (256, 32), (256, 16), (512, 8))]
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--unet", action="store_true", help="the UNet2DModel training shapes instead")
     args = p.parse_args()
     timer = Timer("cuda")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    for name, shape, G, dtype in SHAPES:
+    for name, shape, G, dtype in UNET_SHAPES if args.unet else SHAPES:
         x, w, b, dy = make_inputs(shape, dtype, None, "cuda")
         xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
 
