@@ -85,7 +85,8 @@ _MIN_NUMEL = 1 << 16
 def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
     """The rule. Always: floating input of 3-5 dims, output of the input's dtype (not under autocast,
     which computes GroupNorm in float32), weight/bias of the input's dtype or float32. For
-    when="auto" also: an inference graph (no requires_grad on input, weight or bias), a CUDA tensor of
+    when="auto" also: an inference graph (the output needs no grad: traced under no_grad or from
+    inputs and parameters that need none), a CUDA tensor of
     3-D or 4-D (gnext's 5-D schedule is not yet as fast as Inductor's) with at least _MIN_NUMEL
     elements (or a dynamic shape).
 
@@ -100,7 +101,7 @@ def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
             return False
     if when == "always":
         return True
-    if any(t is not None and t.requires_grad for t in (x, *params)):
+    if y.requires_grad:  # traced with grad mode on and a differentiable input: a training graph
         return False
     n = _static_numel(x)
     return x.device.type == "cuda" and x.dim() <= 4 and (n is None or n >= _MIN_NUMEL)

@@ -147,14 +147,14 @@ def test_auto_rule():
         cuda = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="cuda")
         small = torch.empty(2, 8, 4, 4, dtype=torch.float16, device="cuda")
         five_d = torch.empty(2, 64, 4, 32, 32, dtype=torch.float16, device="cuda")
-        train = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="cuda", requires_grad=True)
+        train = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="cuda", requires_grad=True) * 1
         w64 = torch.empty(64, dtype=torch.float64, device="cuda")
     cpu = torch.empty(2, 64, 32, 32, device="meta")
     rule = compile_fusion._fusable
     assert rule(cuda, cuda, (None, None), "auto")
     assert not rule(small, small, (None, None), "auto") and rule(small, small, (None, None), "always")
     assert not rule(five_d, five_d, (None, None), "auto") and rule(five_d, five_d, (None, None), "always")
-    assert not rule(train, train, (None, None), "auto") and rule(train, train, (None, None), "always")
+    assert not rule(cuda, train, (None, None), "auto") and rule(cuda, train, (None, None), "always")
     assert not rule(cpu, cpu, (None, None), "auto") and rule(cpu, cpu, (None, None), "always")
     assert not rule(cuda, cuda.float(), (None, None), "always")  # autocast: output in float32
     assert not rule(cuda, cuda, (w64, None), "always")

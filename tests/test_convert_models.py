@@ -130,8 +130,9 @@ def test_diffusers_resnet_block2d(device, train, no_tf32):
         out = conv(x, temb)
         g = torch.autograd.grad(out.square().sum(), [x, *conv.parameters()])
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-        for a, b in zip(g, ref_g):
-            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+        for a, b in zip(g, ref_g):  # sums over many terms (conv weights): relative L2, max error vs max|ref|
+            assert ((a - b).norm() / b.norm()).item() < 1e-4
+            assert (a - b).abs().max().item() < 1e-3 * b.abs().max().item()
         # no blocks: the norms become plain gnext GroupNorm and the block keeps its own forward
         plain, c2 = ge.convert_group_norm_act(copy.deepcopy(blk), blocks=False, return_counts=True)
         assert c2["resnet_block2d"] == 0 and c2["group_norm"] == 2 and "forward" not in plain.__dict__
