@@ -39,7 +39,8 @@ def convert_group_norm(module: nn.Module, *, return_counts: bool = False):
 
     Args:
         module: any ``nn.Module``.
-        return_counts: also return the counts ``{"group_norm": n, "skipped": n}``.
+        return_counts: also return the counts ``{"group_norm": n, "group_norm_act": 0,
+            "resnet_block2d": 0, "skipped": n}`` (the keys of :func:`convert_group_norm_act`).
 
     Returns:
         The converted module (``module`` itself unless it is a GroupNorm), or ``(module, counts)``.

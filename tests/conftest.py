@@ -138,3 +138,22 @@ def layout_input(shape, dtype, device, layout, scale, offset, gen):
         x = x.contiguous(memory_format=torch.channels_last_3d)
     assert x.shape == tuple(shape)
     return x
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 convs without TF32 for the test: a 1-ulp change of a conv's input flips TF32 roundings."""
+    prev = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = prev
+
+
+def perturb_params(model, scale=0.3):
+    """Adds scale * randn to every parameter (default inits are too regular: weight 1, bias 0) and
+    returns the model."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model
+

@@ -12,7 +12,7 @@ from torch import nn
 
 import groupnorm_ext as ge
 from groupnorm_ext import compile_fusion
-from conftest import DEVICES, rand_input
+from conftest import DEVICES, perturb_params, rand_input
 
 
 class Block(nn.Module):
@@ -53,13 +53,6 @@ def _close(out, ref, rel_l2, rel_max):
     assert (out - ref).abs().max().item() <= rel_max * ref.abs().max().item()
 
 
-def _perturb(model):
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model
-
-
 ACTS = [nn.SiLU(), nn.GELU(), nn.GELU(approximate="tanh"), nn.ReLU(), nn.Tanh(), nn.Hardswish()]
 
 
@@ -67,7 +60,7 @@ ACTS = [nn.SiLU(), nn.GELU(), nn.GELU(approximate="tanh"), nn.ReLU(), nn.Tanh(),
 @pytest.mark.parametrize("act", ACTS, ids=lambda a: type(a).__name__ + getattr(a, "approximate", ""))
 def test_fires_and_matches_eager_training(device, act, fusion):
     torch.manual_seed(0)
-    model = _perturb(Block(act=act)).to(device)
+    model = perturb_params(Block(act=act)).to(device)
     x = rand_input((2, 16, 9, 7), torch.float32, device).requires_grad_()
     ref = model(x)
     ref_g = torch.autograd.grad((ref * ref).sum(), [x, *model.parameters()])
@@ -83,7 +76,7 @@ def test_fires_and_matches_eager_training(device, act, fusion):
 @pytest.mark.parametrize("device", DEVICES)
 def test_inference_dynamic_shapes(device, fusion):
     torch.manual_seed(0)
-    model = _perturb(Block()).to(device).eval()
+    model = perturb_params(Block()).to(device).eval()
     comp = torch.compile(model, fullgraph=True, dynamic=True)
     with torch.no_grad():
         for shape in [(2, 16, 8, 8), (3, 16, 5, 11), (1, 16, 12, 4)]:
@@ -108,7 +101,7 @@ def test_gnext_op_in_the_compiled_graph(fusion):
         gm.recompile()
         return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
 
-    model = _perturb(Block())
+    model = perturb_params(Block())
     x = rand_input((2, 16, 6, 6), torch.float32, "cpu").requires_grad_()
     out = torch.compile(model, backend=backend, fullgraph=True)(x)
     out.sum().backward()
@@ -134,7 +127,7 @@ def test_chains_left_alone(fusion):
             r = F.silu(self.n(x)) + b                  # broadcast residual: act fused, add kept
             return a + s + r
 
-    m = _perturb(M())
+    m = perturb_params(M())
     x, b = rand_input((2, 16, 5, 5), torch.float32, "cpu"), torch.randn(16, 1, 1)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, b), m(x, b), rtol=1e-4, atol=1e-4)
     assert fusion() == {"group_norm_act": 1, "residual": 0}
@@ -196,7 +189,7 @@ def test_cuda_training_and_reduce_overhead(dtype, channels_last):
     mode='reduce-overhead' (CUDA graphs)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     torch.manual_seed(0)
-    model = _perturb(Block(C=64, G=32)).cuda().to(dtype).to(memory_format=fmt)
+    model = perturb_params(Block(C=64, G=32)).cuda().to(dtype).to(memory_format=fmt)
     x = rand_input((2, 64, 32, 32), dtype, "cuda", memory_format=fmt).requires_grad_()
     tol = 1e-2 if dtype == torch.bfloat16 else 2e-3  # relative L2; elementwise: a few ulps of max|ref|
     stats = compile_fusion.compile_fusion_stats

@@ -40,14 +40,6 @@ def _grads(model, x):
     return [out] + list(torch.autograd.grad((out * out).sum(), leaves))
 
 
-@pytest.fixture
-def no_tf32():
-    prev = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = prev
-
-
 def _model_and_input(device, seed=0, shape=(2, 8, 6, 6)):
     torch.manual_seed(seed)
     model = AllOps().to(device)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import groupnorm_ext as ge
-from conftest import DEVICES, rand_input
+from conftest import DEVICES, perturb_params, rand_input
 
 
 class PlainSubclass(nn.GroupNorm):
@@ -22,13 +22,6 @@ class PlainSubclass(nn.GroupNorm):
 class OwnForward(nn.GroupNorm):
     def forward(self, x):
         return super().forward(x) * 2  # not GroupNorm: must be left alone
-
-
-def _perturb(model):
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model
 
 
 def _check_same(model, convert, inputs, rtol=1e-5, atol=1e-5, **kw):
@@ -42,7 +35,7 @@ def _check_same(model, convert, inputs, rtol=1e-5, atol=1e-5, **kw):
 
 def test_subclasses_counts_and_warning():
     torch.manual_seed(0)
-    model = _perturb(nn.Sequential(PlainSubclass(2, 8), OwnForward(2, 8), nn.GroupNorm(4, 8)))
+    model = perturb_params(nn.Sequential(PlainSubclass(2, 8), OwnForward(2, 8), nn.GroupNorm(4, 8)))
     x = rand_input((2, 8, 5, 5), torch.float32, "cpu")
     conv, counts = _check_same(model, ge.convert_group_norm, (x,))
     assert type(conv[0]) is ge.GroupNorm and type(conv[1]) is OwnForward and type(conv[2]) is ge.GroupNorm
@@ -59,7 +52,7 @@ def test_subclasses_counts_and_warning():
 def test_timm_layers(device):
     timm_layers = pytest.importorskip("timm.layers")
     torch.manual_seed(0)
-    model = _perturb(nn.Sequential(
+    model = perturb_params(nn.Sequential(
         timm_layers.GroupNorm(16, num_groups=4), timm_layers.GroupNorm1(16),
         timm_layers.GroupNormAct(16, num_groups=4, act_layer=nn.SiLU),
         timm_layers.GroupNormAct(16, num_groups=4, act_layer="gelu_tanh"),
@@ -103,21 +96,12 @@ def _resnet_blocks():
     ]
 
 
-@pytest.fixture
-def no_tf32():
-    """float32 convs without TF32: a 1-ulp change of a conv's input flips TF32 roundings (1e-3 off)."""
-    old = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = old
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("train", [False, True])
 def test_diffusers_resnet_block2d(device, train, no_tf32):
     blocks = _resnet_blocks()
     for i, blk in enumerate(blocks):
-        blk = _perturb(blk).to(device).train(train)
+        blk = perturb_params(blk).to(device).train(train)
         x = rand_input((2, 32, 8, 8), torch.float32, device).requires_grad_()
         temb = torch.randn(2, 24, device=device) if blk.time_emb_proj is not None else None
         ref = blk(x, temb)
