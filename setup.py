@@ -70,6 +70,13 @@ def builds_sm90a():
     return "9.0a" in [a.split("+")[0] for a in os.environ["TORCH_CUDA_ARCH_LIST"].split(";")]
 
 
+def arch_token(arch_list):
+    """TORCH_CUDA_ARCH_LIST as one preprocessor token for the "no device code" error message
+    (csrc/common/cuda_utils.h): "8.0;9.0a;12.0+PTX" -> "80_90a_120ptx"."""
+    archs = arch_list.replace(";", " ").split()
+    return "_".join(a.replace(".", "").replace("+PTX", "ptx") for a in archs)
+
+
 VERSION = "0.1.0"
 # Oldest torch the stable-ABI build supports (TORCH_TARGET_VERSION, encoded as in torch/headeronly/version.h).
 TORCH_TARGET = (2, 11)
@@ -108,6 +115,7 @@ def extension():
         return CppExtension("groupnorm_ext._C", cpp, extra_compile_args={"cxx": cxx},
                             py_limited_api=True)  # torch adds -DPy_LIMITED_API (3.10)
     cxx.append("-DUSE_CUDA")  # the CUDA entry points of the stable C shim
+    cxx.append(f"-DGNEXT_CUDA_ARCHS={arch_token(os.environ['TORCH_CUDA_ARCH_LIST'])}")  # named in arch errors
     # NDEBUG: no device asserts (CUTLASS's would also serialize its wgmma pipeline).
     nvcc = ["-O3", "-DNDEBUG", TARGET_MACRO, "-Xcompiler=-fvisibility=hidden", "-lineinfo",
             "--expt-relaxed-constexpr", "-Xptxas=-v" if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]

@@ -74,6 +74,22 @@ def test_info_command_reports_the_build():
     assert _arch_ok(["9.0a"], 9, 0) and not _arch_ok(["9.0a"], 10, 0)
 
 
+def test_module_names_its_archs_for_the_unsupported_gpu_error():
+    """A GPU the build has no device code for gets "this build has no device code for <GPU> (sm_XY): it
+    was compiled for <archs>" (csrc/common/cuda_utils.h) instead of a launch failure. The archs come from
+    setup.py as one token (TORCH_CUDA_ARCH_LIST "9.0a;12.0+PTX" -> "90a_120ptx"): check that the module
+    carries the token of the archs it records in its build info, and the message."""
+    import groupnorm_ext._C as C
+    from groupnorm_ext._build_info import BUILD_INFO
+
+    if not BUILD_INFO["cuda"]:
+        pytest.skip("CPU-only build")
+    data = open(C.__file__, "rb").read()
+    token = "_".join(a.replace(".", "").replace("+PTX", "ptx") for a in BUILD_INFO["cuda_archs"]).encode()
+    assert b"\0" + token + b"\0" in data, token
+    assert b"gnext: this build has no device code for " in data and b"): it was compiled for " in data
+
+
 def test_compiled_module_uses_only_the_stable_abi():
     """The module must reference libtorch only through the stable C shim (aoti_torch_* / torch_*), never
     its C++ API (at::, c10::, torch:: mangled names): that is what lets one build load on every torch

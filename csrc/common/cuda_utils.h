@@ -10,7 +10,9 @@
 #include <torch/csrc/stable/accelerator.h>
 
 #include <array>
+#include <atomic>
 #include <map>
+#include <string>
 #include <mutex>
 #include <utility>
 
@@ -33,9 +35,55 @@ inline cudaStream_t current_stream(const Tensor& t) {
   return static_cast<cudaStream_t>(s);
 }
 
-// Makes t's device current for the scope (c10::cuda::CUDAGuard).
+// The archs this module was compiled for, as setup.py passes them (TORCH_CUDA_ARCH_LIST encoded as
+// one preprocessor token: "9.0a;12.0+PTX" -> 90a_120ptx).
+#define GNEXT_STR2(x) #x
+#define GNEXT_STR(x) GNEXT_STR2(x)
+#ifdef GNEXT_CUDA_ARCHS
+inline constexpr const char* kBuiltArchs = GNEXT_STR(GNEXT_CUDA_ARCHS);
+#else
+inline constexpr const char* kBuiltArchs = "";
+#endif
+
+cudaError_t probe_kernel_image();  // arch_check.cu
+
+// "90a_120ptx" -> "sm_90a, compute_120 (PTX)".
+inline std::string readable_archs(const char* token) {
+  std::string out, cur;
+  auto flush = [&] {
+    if (cur.empty()) return;
+    const bool ptx = cur.size() > 3 && cur.compare(cur.size() - 3, 3, "ptx") == 0;
+    out += (out.empty() ? "" : ", ") + (ptx ? "compute_" + cur.substr(0, cur.size() - 3) + " (PTX)" : "sm_" + cur);
+    cur.clear();
+  };
+  for (const char* c = token; *c != '\0'; ++c) *c == '_' ? flush() : cur.push_back(*c);
+  flush();
+  return out.empty() ? "(unknown)" : out;
+}
+
+// Raises, once per device until it passes, when this build has no device code the GPU can run: a
+// clear message naming the GPU and the archs the build has, instead of a launch failure.
+inline void check_device_supported(int dev) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<bool>, kMaxDevices> ok{};
+  if (dev < 0 || dev >= kMaxDevices || ok[dev].load(std::memory_order_relaxed)) return;
+  const cudaError_t e = probe_kernel_image();
+  if (e == cudaSuccess) {
+    ok[dev].store(true, std::memory_order_relaxed);
+    return;
+  }
+  cudaDeviceProp prop{};
+  GNEXT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  fail("gnext: this build has no device code for ", prop.name, " (cuda:", dev, ", sm_", prop.major, prop.minor,
+       "): it was compiled for ", readable_archs(kBuiltArchs), ". Install a gnext wheel built for sm_", prop.major,
+       prop.minor, " or rebuild with TORCH_CUDA_ARCH_LIST including ", prop.major, ".", prop.minor,
+       " (python -m groupnorm_ext --info lists what this build supports). CUDA said: ", cudaGetErrorString(e));
+}
+
+// Makes t's device current for the scope (c10::cuda::CUDAGuard), after checking that this build can
+// run on it (check_device_supported).
 struct DeviceGuard {
-  explicit DeviceGuard(const Tensor& t) : g(t.get_device_index()) {}
+  explicit DeviceGuard(const Tensor& t) : g(t.get_device_index()) { check_device_supported(t.get_device_index()); }
   torch::stable::accelerator::DeviceGuard g;
 };
 
