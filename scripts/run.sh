@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gnext's two entry points: build the extension if needed (incremental, ninja), then
-#   scripts/run.sh bench [bench.py args]   benchmark on the GPU (small CPU suite without one)
+#   scripts/run.sh bench [suite] [args]    benchmarks (scripts/bench: groupnorm (default), act, l2_19, models)
 #   scripts/run.sh test  [pytest args]     test suite (GPU tests skip without CUDA)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-$
 cmd=${1:-}
 shift || true
 case "$cmd" in
-  bench) exec "$PY" scripts/bench.py "$@" ;;
+  bench) exec "$PY" scripts/bench "$@" ;;
   test) exec "$PY" -m pytest -q tests "$@" ;;
   *) echo "usage: scripts/run.sh bench|test [args]" >&2; exit 2 ;;
 esac

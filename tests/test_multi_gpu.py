@@ -1,6 +1,6 @@
 """Device and stream handling: ops on cuda:1 while cuda:0 is current (needs 2 GPUs), ops on a
 side stream, and no host synchronization inside any op (torch.cuda.set_sync_debug_mode("error")).
-The DistributedDataParallel check is scripts/ddp_check.py (torchrun, 2 GPUs)."""
+The DistributedDataParallel check is scripts/dev/ddp_check.py (torchrun, 2 GPUs)."""
 from __future__ import annotations
 
 import pytest

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Run one gnext GroupNorm op a few times for Nsight Compute (scripts/ncu_gaps.sh).
-    python scripts/ncu_case.py N,C,H,W G dtype {nchw,cl} {fwd,bwd} [--two-pass]"""
+"""Run one gnext GroupNorm op a few times for Nsight Compute (scripts/dev/ncu_gaps.sh).
+    python scripts/dev/ncu_case.py N,C,H,W G dtype {nchw,cl} {fwd,bwd} [--two-pass]"""
 import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__) + "/..")
+sys.path.insert(0, os.path.dirname(__file__) + "/../..")
 import groupnorm_ext  # noqa: E402,F401
 
 shape = tuple(int(s) for s in sys.argv[1].split(","))

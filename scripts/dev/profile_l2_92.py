@@ -1,9 +1,9 @@
 """Per-kernel CUDA times of KernelBench L2#92 ModelNew forward + backward (torch.profiler), and the
 group_norm_act_logsumexp op alone on NCHW and channels_last conv outputs. Diagnostic tool; speed claims
-come from scripts/bench_group_norm_act.py."""
+come from scripts/bench/group_norm_act.py."""
 import sys, pathlib
 import torch
-sys.path.insert(0, str(pathlib.Path(__file__).parent / "kernelbench")); sys.path.insert(0, str(pathlib.Path(__file__).parent))
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "kernelbench")); sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "bench"))
 import level2_92_conv_groupnorm_tanh_hardswish_residual_logsumexp as kb
 m = kb.ModelNew(*kb.get_init_inputs()).cuda()
 x = kb.get_inputs()[0].cuda().requires_grad_()
@@ -23,7 +23,7 @@ for fmt in (None, torch.channels_last):
 # the op alone on a CL and an NCHW conv output
 z = torch.randn(128, 64, 126, 126, device="cuda") * 3 + 2
 b = torch.randn(64, device="cuda")
-from bench import Timer
+from timing import Timer
 t = Timer("cuda")
 for name, zz in (("NCHW", z), ("CL", z.contiguous(memory_format=torch.channels_last))):
     f = lambda: torch.ops.gnext.group_norm_act_logsumexp(zz, b, 16, b, b, 1e-5, "tanh_hardswish", True)

@@ -14,12 +14,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "kernelbench"))
 import groupnorm_ext as ge  # noqa: E402
-from bench import Timer, copy_bandwidth, make_inputs  # noqa: E402
+from timing import Timer, copy_bandwidth, make_inputs  # noqa: E402
 import level2_92_conv_groupnorm_tanh_hardswish_residual_logsumexp as kb  # noqa: E402
 
 SILU_SHAPES = [

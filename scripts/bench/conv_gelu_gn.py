@@ -31,11 +31,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "kernelbench"))
-from bench import Timer, copy_bandwidth  # noqa: E402
+from timing import Timer, copy_bandwidth  # noqa: E402
 import level2_19_convtranspose_gelu_groupnorm as kb  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 for CTAs per SM x shared-memory stages (GNEXT_ONEPASS_CTAS / GNEXT_ONEPASS_NBUF), next to the
 two-pass kernels (GNEXT_ONEPASS=0), all in one process. Diagnostic; speed claims come from bench.py.
 
-    python scripts/onepass_sweep.py [--json out.json]
+    python scripts/dev/onepass_sweep.py [--json out.json]
 """
 import argparse
 import json
@@ -13,9 +13,9 @@ import sys
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench import Timer, copy_bandwidth, make_inputs  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+from timing import Timer, copy_bandwidth, make_inputs  # noqa: E402
 
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
 CL = torch.channels_last

@@ -3,8 +3,8 @@
 # the GPU test suite and the KernelBench check, each under a time limit so that one call fits the
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
-#   bash scripts/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu" BUDGET_S=580 bash scripts/device_run.sh
+#   bash scripts/dev/device_run.sh [bench args...]
+#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu" BUDGET_S=580 bash scripts/dev/device_run.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
@@ -35,7 +35,7 @@ if has smoke; then
 fi
 if has bench; then
   t0=$SECONDS
-  timeout $(( $(left) - 60 )) python3 scripts/bench.py --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
+  timeout $(( $(left) - 60 )) python3 scripts/bench/groupnorm.py --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
   echo "bench rc=$? ($((SECONDS - t0)) s)"
 fi
 if has test; then
@@ -49,31 +49,31 @@ if has kb; then
   echo "kernelbench L1#35 rc=$?: $(tail -1 "$OUT/kernelbench.log")"
 fi
 if has sweep; then
-  timeout $(( $(left) )) python3 scripts/onepass_sweep.py --json "$OUT/onepass_sweep.json" > "$OUT/onepass_sweep.log" 2>&1
+  timeout $(( $(left) )) python3 scripts/dev/onepass_sweep.py --json "$OUT/onepass_sweep.json" > "$OUT/onepass_sweep.log" 2>&1
   echo "sweep rc=$?"
 fi
 if has fused; then
   t0=$SECONDS
-  timeout $(( $(left) - 30 )) python3 scripts/bench_conv_gelu_gn.py --out "$OUT" > "$OUT/bench_l2_19.log" 2>&1
+  timeout $(( $(left) - 30 )) python3 scripts/bench/conv_gelu_gn.py --out "$OUT" > "$OUT/bench_l2_19.log" 2>&1
   echo "bench L2#19 rc=$? ($((SECONDS - t0)) s)"; tail -8 "$OUT/bench_l2_19.log"
   timeout 120 python3 scripts/kernelbench/level2_19_convtranspose_gelu_groupnorm.py > "$OUT/kernelbench_l2_19.log" 2>&1
   echo "kernelbench L2#19 rc=$?: $(tail -1 "$OUT/kernelbench_l2_19.log")"
 fi
 if has act; then
   t0=$SECONDS
-  timeout $(( $(left) - 20 )) python3 scripts/bench_group_norm_act.py --out "$OUT" > "$OUT/bench_group_norm_act.log" 2>&1
+  timeout $(( $(left) - 20 )) python3 scripts/bench/group_norm_act.py --out "$OUT" > "$OUT/bench_group_norm_act.log" 2>&1
   echo "bench group_norm_act rc=$? ($((SECONDS - t0)) s)"; sed -n '/^Device:/,$p' "$OUT/bench_group_norm_act.log"
 fi
 if has sanitize; then
   mkdir -p "$OUT/sanitizer"
-  OUT=$OUT/sanitizer TOOL_TIMEOUT=$(( ($(left) - 10) / 4 )) bash scripts/sanitize.sh
+  OUT=$OUT/sanitizer TOOL_TIMEOUT=$(( ($(left) - 10) / 4 )) bash scripts/dev/sanitize.sh
 fi
 if has fb; then
-  timeout $(( $(left) )) python3 scripts/fb_overhead.py > "$OUT/fb_overhead.log" 2>&1
+  timeout $(( $(left) )) python3 scripts/dev/fb_overhead.py > "$OUT/fb_overhead.log" 2>&1
   echo "fb_overhead rc=$?"; cat "$OUT/fb_overhead.log"
 fi
 if has ncu; then
-  OUT=$OUT timeout $(( $(left) )) bash scripts/ncu_gaps.sh
+  OUT=$OUT timeout $(( $(left) )) bash scripts/dev/ncu_gaps.sh
 fi
 [ -f "$OUT/bench.log" ] && sed -n '/^Device:/,$p' "$OUT/bench.log"
 exit 0

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-sys.path.insert(0, __import__("os").path.dirname(__file__) + "/..")
+sys.path.insert(0, __import__("os").path.dirname(__file__) + "/../..")
 import groupnorm_ext  # noqa: E402,F401
 
 SHAPES = [

@@ -18,8 +18,8 @@ batch of calls between two synchronizations, per call; after warm-up (compiles i
 timed in rounds, each once per round in a rotating order, and the median and min-max over rounds are
 reported. Output columns: relative L2 difference of each variant's output from the float32 original's.
 
-    python scripts/real_models.py [--rows vae-fp16-nchw,...] [--rounds 5] [--out bench_results]
-    python scripts/real_models.py --smoke        (CPU, tiny configs: checks the script, times nothing real)
+    python scripts/bench models [--rows vae-fp16-nchw,...] [--rounds 5] [--out bench_results]
+    python scripts/bench models --smoke        (CPU, tiny configs: checks the script, times nothing real)
 Needs diffusers, timm and scikit-image (the benchmark only; gnext does not depend on them).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import groupnorm_ext as ge  # noqa: E402
 from groupnorm_ext import compile_fusion  # noqa: E402

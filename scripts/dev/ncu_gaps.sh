@@ -2,7 +2,7 @@
 # Nsight Compute evidence for the shapes that miss the bandwidth-floor targets (docs/kernels.md):
 # DRAM throughput, achieved occupancy and warp stall reasons of the kernel that dominates each.
 # Clocks are left as found (--clock-control none). Output: $OUT/ncu_gaps.txt
-#   OUT=dir bash scripts/ncu_gaps.sh
+#   OUT=dir bash scripts/dev/ncu_gaps.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 NCU=${NCU:-ncu}
@@ -15,7 +15,7 @@ run() {  # title, kernel regex, ncu_case.py args...
   timeout 150 "$NCU" --clock-control none --kernel-name "regex:$kern" --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
     --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio \
-    python3 scripts/ncu_case.py "$@" >> "$log" 2>&1
+    python3 scripts/dev/ncu_case.py "$@" >> "$log" 2>&1
   echo "$title rc=$?"
 }
 # one-pass forward, L1#35 group geometry (8 MB fp32 groups) on 16 samples instead of 112

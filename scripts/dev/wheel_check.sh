@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sdist -> wheel -> fresh virtual environment -> GPU test suite against the INSTALLED wheel (issue 6).
-#   OUT=dir bash scripts/wheel_check.sh        (on the GPU machine; needs torch, build, pytest there)
-#   WHEEL=gnext-...whl [TESTS=tests/test_x.py] [BENCH_ARGS=...] OUT=dir bash scripts/wheel_check.sh
+#   OUT=dir bash scripts/dev/wheel_check.sh        (on the GPU machine; needs torch, build, pytest there)
+#   WHEEL=gnext-...whl [TESTS=tests/test_x.py] [BENCH_ARGS=...] OUT=dir bash scripts/dev/wheel_check.sh
 #                                              (a wheel built elsewhere, e.g. on the CPU machine against
 #                                               another torch release: steps 1-2 are skipped)
 # 1. python -m build --sdist from this checkout (MANIFEST.in decides what ships);
@@ -49,23 +49,23 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "pytest against the installed wheel rc=$?: $(tail -1 "$OUT/pytest_wheel.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest_wheel.log" | head -10
 fi
-# BENCH_ARGS="...": scripts/bench.py against the installed wheel (e.g. BENCH_ARGS="--tag wheel").
+# BENCH_ARGS="...": scripts/bench/groupnorm.py against the installed wheel (e.g. BENCH_ARGS="--tag wheel").
 if [ -n "${BENCH_ARGS:-}" ]; then
-  timeout ${BENCH_TIMEOUT:-400} "$work/venv/bin/python" scripts/bench.py --out "$OUT" $BENCH_ARGS > "$OUT/bench_wheel.log" 2>&1
+  timeout ${BENCH_TIMEOUT:-400} "$work/venv/bin/python" scripts/bench/groupnorm.py --out "$OUT" $BENCH_ARGS > "$OUT/bench_wheel.log" 2>&1
   echo "bench against the installed wheel rc=$?"; tail -4 "$OUT/bench_wheel.log"
 fi
-# SANITIZE_ONLY=lse: compute-sanitizer's four tools over those cases of scripts/sanitize_cases.py, on the wheel
+# SANITIZE_ONLY=lse: compute-sanitizer's four tools over those cases of scripts/dev/sanitize_cases.py, on the wheel
 if [ -n "${SANITIZE_ONLY:-}" ]; then
   for tool in memcheck racecheck synccheck initcheck; do
     extra=(--kernel-name kns=gnext)
     [ "$tool" = initcheck ] && extra=()
     GNEXT_SANITIZE_ONLY=$SANITIZE_ONLY timeout 120 compute-sanitizer --tool "$tool" "${extra[@]}" \
-      "$work/venv/bin/python" -P scripts/sanitize_cases.py > "$OUT/sanitize_${SANITIZE_ONLY}_$tool.log" 2>&1
+      "$work/venv/bin/python" -P scripts/dev/sanitize_cases.py > "$OUT/sanitize_${SANITIZE_ONLY}_$tool.log" 2>&1
     echo "$tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${SANITIZE_ONLY}_$tool.log" | tail -1)"
   done
 fi
 # EXTRA="...": more commands against the installed wheel, run in the test directory with the venv's
-# python first on PATH (e.g. EXTRA="python scripts/host_overhead.py").
+# python first on PATH (e.g. EXTRA="python scripts/dev/host_overhead.py").
 if [ -n "${EXTRA:-}" ]; then
   (export PATH="$work/venv/bin:$PATH"; eval "$EXTRA")
 fi

@@ -3,7 +3,7 @@
 every gnext op, on 2 GPUs with NCCL, must give the same parameter gradients as the same step on one
 GPU over the whole batch (DDP averages the per-rank gradients of a per-rank mean loss).
 
-    torchrun --nproc_per_node=2 scripts/ddp_check.py
+    torchrun --nproc_per_node=2 scripts/dev/ddp_check.py
 Prints one line per rank and exits non-zero on a mismatch."""
 import os
 import sys
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(__file__) + "/..")
+sys.path.insert(0, os.path.dirname(__file__) + "/../..")
 import groupnorm_ext as ge  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# compute-sanitizer memcheck, racecheck, synccheck and initcheck over scripts/sanitize_cases.py
+# compute-sanitizer memcheck, racecheck, synccheck and initcheck over scripts/dev/sanitize_cases.py
 # (every gnext kernel family, small shapes). Logs in $OUT (default ./sanitize_out); one summary
 # line per tool. Needs a built extension and a GPU.
 set -uo pipefail
@@ -13,7 +13,7 @@ for tool in $TOOLS; do
   [ "$tool" = memcheck ] && extra+=(--leak-check no)
   [ "$tool" = initcheck ] && extra=()
   timeout ${TOOL_TIMEOUT:-300} compute-sanitizer --tool "$tool" "${extra[@]}" \
-    python3 scripts/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+    python3 scripts/dev/sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
   rc=$?
   echo "$tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1) ($(grep -c ' ok$' "$OUT/sanitize_$tool.log") cases ok)"
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Small driver for compute-sanitizer (scripts/sanitize.sh): forward + backward of gnext's
+"""Small driver for compute-sanitizer (scripts/dev/sanitize.sh): forward + backward of gnext's
 GroupNorm on shapes that take every kernel family (one-pass NCHW/NHWC with and without inter-CTA
 waits, two-pass NCHW/NHWC, HxW = 1), each checked against float64 so that a sanitizer run also
 fails on wrong results; then group_norm_act and the fused conv op (the kernels' pointwise modes).
@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import groupnorm_ext  # noqa: E402,F401
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d

@@ -15,10 +15,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.dirname(__file__) + "/..")
+sys.path.insert(0, os.path.dirname(__file__) + "/../bench")
+sys.path.insert(0, os.path.dirname(__file__) + "/../..")
 import groupnorm_ext as ge  # noqa: E402
-from bench import Timer, make_inputs  # noqa: E402
+from timing import Timer, make_inputs  # noqa: E402
 
 SHAPES = [
     ("ResNet 32x256x56x56 bf16", (32, 256, 56, 56), 32, torch.bfloat16),

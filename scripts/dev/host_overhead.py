@@ -1,6 +1,6 @@
 """Host (CPU) time per call of gnext's GroupNorm and GroupNorm+SiLU next to PyTorch's F.group_norm and
 F.silu(F.group_norm(...)), forward without grad and forward+backward, in one process.
-  python scripts/host_overhead.py [--json out.json]
+  python scripts/dev/host_overhead.py [--json out.json]
 Two measurements per row:
   * tiny shape (2x32x8x8 fp32, G=8), where the GPU work is negligible: wall time of 300 calls / 300 with
     the GPU synchronized before and after (host-bound, so this is the host path);
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import groupnorm_ext as ge  # noqa: E402
 
 

@@ -1,0 +1,67 @@
+"""Timing and input helpers shared by the benchmarks (scripts/bench/*) and the developer tools
+(scripts/dev/*): CUDA-event timing with the L2 flushed, the copy-bandwidth floor, GroupNorm inputs."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+class Timer:
+    """Median time of fn() in ms: CUDA events around each call with the L2 flushed before it,
+    or perf_counter on the CPU."""
+
+    def __init__(self, device):
+        self.device = device
+        self.flush = torch.empty(128 * 2**20, dtype=torch.uint8, device=device) if device == "cuda" else None
+
+    def __call__(self, fn, min_reps=5, max_reps=100, budget_s=0.4):
+        for _ in range(2):
+            fn()
+        if self.device != "cuda":
+            times = []
+            t_end = time.perf_counter() + budget_s
+            while len(times) < min_reps or (time.perf_counter() < t_end and len(times) < max_reps):
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+            return statistics.median(times)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        est = time.perf_counter() - t0
+        reps = int(min(max_reps, max(min_reps, budget_s / max(est, 1e-6))))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            self.flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def copy_bandwidth(device, timer):
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    n = (1 << 30) if device == "cuda" else (1 << 27)
+    a = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
+    b = torch.empty_like(a)
+    ms = timer(lambda: b.copy_(a), min_reps=10)
+    del a, b
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def make_inputs(shape, dtype, fmt, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * 3 + 2).to(dtype)
+    if fmt is not None:
+        x = x.contiguous(memory_format=fmt)
+    C = shape[1]
+    w = (torch.randn(C, generator=g, device=device) * 0.5 + 1).to(dtype)
+    b = (torch.randn(C, generator=g, device=device) * 0.5).to(dtype)
+    dy = torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+    if fmt is not None:
+        dy = dy.contiguous(memory_format=fmt)
+    return x, w, b, dy
