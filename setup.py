@@ -20,6 +20,7 @@ build records what it was built with in groupnorm_ext/_build_info.py (`python -m
 """
 import glob
 import os
+import re
 import site
 import subprocess
 import sys
@@ -77,7 +78,13 @@ def arch_token(arch_list):
     return "_".join(a.replace(".", "").replace("+PTX", "ptx") for a in archs)
 
 
-VERSION = "0.1.0"
+def read_version():
+    """The version is defined once, as __version__ in groupnorm_ext/__init__.py."""
+    with open(os.path.join(ROOT, "groupnorm_ext", "__init__.py")) as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
+
+VERSION = read_version()
 # Oldest torch the stable-ABI build supports (TORCH_TARGET_VERSION, encoded as in torch/headeronly/version.h).
 TORCH_TARGET = (2, 11)
 TARGET_MACRO = f"-DTORCH_TARGET_VERSION=0x{TORCH_TARGET[0]:02x}{TORCH_TARGET[1]:02x}000000000000ULL"
@@ -173,6 +180,7 @@ setup(
     version=VERSION,
     description="Fast GroupNorm for PyTorch on NVIDIA GPUs (torch.ops.gnext)",
     packages=find_packages(include=["groupnorm_ext", "groupnorm_ext.*"]),
+    package_data={"groupnorm_ext": ["py.typed"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
