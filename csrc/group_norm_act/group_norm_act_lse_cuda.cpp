@@ -1,5 +1,5 @@
 // CUDA implementation of group_norm_act_logsumexp: GroupNorm statistics of v = input + input_bias from
-// gnext's GroupNorm reduction, then one pixel-walking kernel (lse_kernels.cu) that normalizes,
+// gnext's GroupNorm reduction, then one pixel-walking kernel (group_norm_act_lse_kernels.cu) that normalizes,
 // activates, adds the residual and reduces logsumexp over the channels: the (N, C, *) result of the
 // activation is never written. Backward: two passes of the same kernel (per-channel gradient sums,
 // then grad_input) around gnext's GroupNorm backward finalize.
@@ -8,7 +8,7 @@
 
 #include "../common/cuda_utils.h"
 #include "group_norm_act.h"
-#include "lse_launch.h"
+#include "group_norm_act_lse_launch.h"
 
 namespace gnext {
 namespace {

@@ -1,11 +1,11 @@
-// Kernels of group_norm_act_logsumexp (see lse_launch.h for the phases and the layout) and their
+// Kernels of group_norm_act_logsumexp (see group_norm_act_lse_launch.h for the phases and the layout) and their
 // launcher: dtype / activation / phase / kernel dispatch only; errors return as cudaError_t.
 #include <cmath>
 #include <type_traits>
 
 #include "../common/device_utils.cuh"
 #include "../group_norm/group_norm_dispatch.cuh"
-#include "lse_launch.h"
+#include "group_norm_act_lse_launch.h"
 
 namespace gnext {
 namespace lse {

@@ -1,5 +1,5 @@
 // Interface between the host glue of group_norm_act_logsumexp (group_norm_act_lse_cuda.cpp) and its
-// kernels (lse_kernels.cu). Plain types only, as in group_norm/group_norm_launch.h.
+// kernels (group_norm_act_lse_kernels.cu). Plain types only, as in group_norm/group_norm_launch.h.
 //
 // The kernels walk pixels: CTA n*K + k takes pixels [k*chunk, (k+1)*chunk) of image n. Element (n, c, p)
 // is at x[n*C*HxW + c*sC + p*sP] (NCHW: sC = HxW, sP = 1; channels_last: sC = 1, sP = C). Two kernels:
