@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import sys
@@ -35,7 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "kernelbench"))
-from timing import Timer, copy_bandwidth  # noqa: E402
+from timing import Timer, copy_bandwidth, save_results  # noqa: E402
 import level2_19_convtranspose_gelu_groupnorm as kb  # noqa: E402
 
 
@@ -146,13 +145,7 @@ def main():
             f"{e['fwdbwd_ms']:.2f} | {cm['fwdbwd_ms']:.2f} | {g['fwdbwd_ms']:.2f} | {s2['fwdbwd_ms']:.2f} | "
             f"{e['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | {cm['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | "
             f"{r['floor_op_fwd_ms']:.2f} | {r['floor_gn_fwd_ms']:.2f} / {r['floor_gn_fb_ms']:.2f} |")
-    md = "\n".join(lines) + "\n"
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_l2_19.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / "bench_l2_19.md").write_text(md)
-    print()
-    print(md)
+    save_results(args.out, "bench_l2_19", meta, rows, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

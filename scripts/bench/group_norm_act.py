@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import pathlib
 import sys
 
@@ -19,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "kernelbench"))
 import groupnorm_ext as ge  # noqa: E402
-from timing import Timer, copy_bandwidth, make_inputs  # noqa: E402
+from timing import Timer, copy_bandwidth, make_inputs, save_results  # noqa: E402
 import level2_92_conv_groupnorm_tanh_hardswish_residual_logsumexp as kb  # noqa: E402
 
 SILU_SHAPES = [
@@ -101,13 +100,7 @@ def main():
                      f"{e['fwd_ms'] / g['fwd_ms']:.2f} | {c['fwd_ms'] / g['fwd_ms']:.2f} | {e['fwdbwd_ms']:.3f} | "
                      f"{c['fwdbwd_ms']:.3f} | {g['fwdbwd_ms']:.3f} | {e['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | "
                      f"{c['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | {extra} |")
-    md = "\n".join(lines) + "\n"
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_group_norm_act.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / "bench_group_norm_act.md").write_text(md)
-    print()
-    print(md)
+    save_results(args.out, "bench_group_norm_act", meta, rows, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import pathlib
 import platform
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import groupnorm_ext as ge  # noqa: E402
-from timing import Timer, copy_bandwidth, make_inputs  # noqa: E402,F401  (re-exported for the dev tools)
+from timing import Timer, copy_bandwidth, make_inputs, save_results  # noqa: E402
 
 try:
     from tqdm import tqdm
@@ -263,15 +260,9 @@ def main():
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
     args = p.parse_args()
     meta, rows, impls = run(args)
-    md = to_markdown(meta, rows, impls)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or meta["kind"]
-    (out / f"bench_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / f"bench_{tag}.md").write_text(md)
-    plot(meta, rows, impls, out / f"bench_{tag}.png")
-    print()
-    print(md)
+    save_results(args.out, f"bench_{tag}", meta, rows, to_markdown(meta, rows, impls))
+    plot(meta, rows, impls, pathlib.Path(args.out) / f"bench_{tag}.png")
 
 
 if __name__ == "__main__":

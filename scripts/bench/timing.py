@@ -1,7 +1,10 @@
 """Timing and input helpers shared by the benchmarks (scripts/bench/*) and the developer tools
-(scripts/dev/*): CUDA-event timing with the L2 flushed, the copy-bandwidth floor, GroupNorm inputs."""
+(scripts/dev/*): CUDA-event timing with the L2 flushed, the copy-bandwidth floor, GroupNorm inputs, and
+writing a result table (JSON + markdown)."""
 from __future__ import annotations
 
+import json
+import pathlib
 import statistics
 import time
 
@@ -65,3 +68,16 @@ def make_inputs(shape, dtype, fmt, device, seed=0):
     if fmt is not None:
         dy = dy.contiguous(memory_format=fmt)
     return x, w, b, dy
+
+
+def save_results(out_dir, name, meta, rows, md):
+    """Writes <out_dir>/<name>.json ({"meta": meta, "rows": rows}) and <out_dir>/<name>.md, prints the
+    markdown and returns it."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / f"{name}.md").write_text(md)
+    print()
+    print(md)
+    return md
+
