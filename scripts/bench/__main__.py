@@ -8,6 +8,7 @@ suites:
   act         GroupNorm + activation (+ residual) and KernelBench L2#92      -> group_norm_act.py
   l2_19       fused ConvTranspose2d + GELU + GroupNorm, KernelBench L2#19    -> conv_gelu_gn.py
   models      real models (diffusers VAE/UNets, timm BiT) eager and compiled -> real_models.py
+  sweep       randomized shape sweep from real models (+ GN+SiLU peers: --act) -> sweep.py
 Each suite's --help lists its arguments; results go to bench_results/ (JSON + markdown + plot) with the
 device, torch version and date. Shared timing code: timing.py."""
 import runpy
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 SUITES = {"groupnorm": "groupnorm.py", "act": "group_norm_act.py", "l2_19": "conv_gelu_gn.py",
-          "models": "real_models.py"}
+          "models": "real_models.py", "sweep": "sweep.py"}
 
 
 def main():

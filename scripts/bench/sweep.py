@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Randomized GroupNorm shape sweep: shapes from real models, each with a dtype and a layout drawn with a
+fixed seed, timed for gnext vs eager F.group_norm vs torch.compile(F.group_norm), forward and
+forward+backward, in one process; with --act also GroupNorm+SiLU forward (inference) against eager,
+torch.compile and the Triton kernels of sglang and vllm-omni (scripts/bench/peers.py, where .peers/ holds
+them). The worst gnext ratio is printed last.
+
+    python scripts/bench sweep [--shard 0/2] [--no-compile] [--act] [--out bench_results]
+    python scripts/bench sweep --smoke      (CPU, 3 small shapes: checks the script)
+
+Timing: timing.Timer (CUDA events, L2 flushed before each call, median). Ratios are peer time / gnext
+time (> 1: gnext faster). Shapes (N, C, spatial..., G) come from: SD-1.5 and SDXL UNets at their latent
+sizes (batch 2 for classifier-free guidance), the SD / SDXL VAE decoders, ResNet-50-GN at batch 32,
+video UNets (5-D), audio/sequence models (3-D), a DiT-style wide C with 4x4 pixels, N from 1 to 64, and
+odd C/G."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import pathlib
+import random
+import sys
+
+import torch
+import torch.nn.functional as F
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+import groupnorm_ext as ge  # noqa: E402
+from timing import Timer, make_inputs, save_results  # noqa: E402
+
+# (source, shape, G)
+POOL = [
+    ("SD1.5 UNet", (2, 320, 64, 64), 32), ("SD1.5 UNet", (2, 640, 32, 32), 32),
+    ("SD1.5 UNet", (2, 1280, 16, 16), 32), ("SD1.5 UNet", (2, 1280, 8, 8), 32),
+    ("SD1.5 UNet", (2, 960, 64, 64), 32), ("SD1.5 UNet", (2, 1920, 32, 32), 32),
+    ("SDXL UNet", (2, 320, 128, 128), 32), ("SDXL UNet", (2, 640, 64, 64), 32),
+    ("SDXL UNet", (2, 1280, 32, 32), 32), ("SDXL UNet", (2, 2560, 32, 32), 32),
+    ("SD VAE dec", (1, 512, 64, 64), 32), ("SD VAE dec", (1, 512, 128, 128), 32),
+    ("SD VAE dec", (1, 512, 256, 256), 32), ("SD VAE dec", (1, 256, 512, 512), 32),
+    ("SD VAE dec", (1, 128, 512, 512), 32), ("SDXL VAE dec", (1, 128, 1024, 1024), 32),
+    ("SDXL VAE dec", (1, 256, 1024, 1024), 32), ("VAE 2048² map", (1, 128, 2048, 2048), 32),
+    ("ResNet-50-GN", (32, 64, 112, 112), 32), ("ResNet-50-GN", (32, 256, 56, 56), 32),
+    ("ResNet-50-GN", (32, 512, 28, 28), 32), ("ResNet-50-GN", (32, 1024, 14, 14), 32),
+    ("ResNet-50-GN", (32, 2048, 7, 7), 32), ("BiT batch 8", (8, 256, 56, 56), 32),
+    ("video UNet 5-D", (1, 128, 16, 64, 64), 32), ("video UNet 5-D", (2, 320, 8, 32, 32), 32),
+    ("video VAE 5-D", (1, 128, 20, 256, 256), 32), ("video 5-D small", (2, 64, 16, 64, 64), 8),
+    ("audio 1-D", (8, 512, 4096), 32), ("audio 1-D", (16, 256, 16000), 16), ("seq 1-D", (4, 1024, 1024), 32),
+    ("DiT wide C", (8, 2048, 4, 4), 32), ("wide C 4x4", (16, 4096, 4, 4), 64),
+    ("N=64", (64, 64, 32, 32), 32), ("N=1 large G", (1, 512, 32, 32), 512), ("N=16 G=1", (16, 128, 32, 32), 1),
+    ("odd C/G", (3, 96, 33, 33), 6), ("odd C/G", (1, 120, 17, 19), 5), ("odd C/G", (4, 100, 10, 10), 10),
+    ("odd C/G", (2, 48, 7, 7), 3), ("odd C/G", (5, 60, 31, 29), 15), ("HxW=1", (64, 512, 1, 1), 32),
+    ("UNet 1280 CL", (2, 1280, 16, 16), 32), ("SD UNet batch 8", (8, 320, 64, 64), 32),
+]
+SMOKE_POOL = [("smoke", (2, 32, 8, 8), 8), ("smoke", (1, 12, 5, 3), 3), ("smoke 5-D", (2, 16, 2, 4, 4), 4)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def draw(pool, seed=0):
+    """Each pool shape with a dtype and a layout drawn with a fixed seed (channels_last only for 4-D/5-D;
+    float32 only for tensors under 1 GiB)."""
+    rnd = random.Random(seed)
+    out = []
+    for src, shape, G in pool:
+        dtype = rnd.choice(DTYPES)
+        if dtype == torch.float32 and math.prod(shape) * 4 > 2**30:
+            dtype = torch.bfloat16
+        fmt = None
+        if len(shape) in (4, 5) and rnd.random() < 0.4:
+            fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+        if "CL" in src:
+            fmt = torch.channels_last
+        out.append((src, shape, G, dtype, fmt))
+    return out
+
+
+def name(src, shape, G, dtype, fmt):
+    d = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    return f"{src} {'x'.join(map(str, shape))} G={G} {d}{' CL' if fmt is not None else ''}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shard", default="0/1", help="i/n: the i-th of n interleaved slices of the sweep")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--act", action="store_true", help="also GroupNorm+SiLU forward vs eager, compile and the peers")
+    p.add_argument("--out", default=str(ROOT / "bench_results"))
+    p.add_argument("--smoke", action="store_true", help="CPU, 3 small shapes")
+    args = p.parse_args()
+    dev = "cpu" if args.smoke else "cuda"
+    i, n = (int(v) for v in args.shard.split("/"))
+    cases = draw(SMOKE_POOL if args.smoke else POOL)[i::n]
+    timer = Timer(dev)
+    peers = {}
+    if args.act and not args.smoke:
+        from peers import load
+
+        peers = load()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    rows = []
+    for src, shape, G, dtype, fmt in (tqdm(cases) if tqdm else cases):
+        x, w, b, dy = make_inputs(shape, dtype, fmt, dev)
+        xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
+        impls = {"gnext": ge.group_norm, "eager": F.group_norm}
+        if not args.no_compile:
+            torch._dynamo.reset()
+            impls["compile"] = torch.compile(F.group_norm, dynamic=False)
+        row = {"case": name(src, shape, G, dtype, fmt), "shape": list(shape), "G": G, "dtype": str(dtype)[6:],
+               "layout": "channels_last" if fmt is not None else "contiguous", "MB": x.numel() * x.element_size() / 1e6}
+        for k, fn in impls.items():
+            with torch.no_grad():
+                row[f"{k} fwd"] = timer(lambda: fn(x, G, w, b, 1e-5))
+
+            def fb():
+                torch.autograd.grad(fn(xg, G, wg, bg, 1e-5), (xg, wg, bg), dy)
+            row[f"{k} f+b"] = timer(fb)
+        if args.act:
+            acts = {"gnext act": lambda: ge.group_norm_act(x, G, w, b, 1e-5, "silu"),
+                    "eager act": lambda: F.silu(F.group_norm(x, G, w, b, 1e-5))}
+            if not args.no_compile:
+                cgs = torch.compile(lambda t: F.silu(F.group_norm(t, G, w, b, 1e-5)), dynamic=False)
+                acts["compile act"] = lambda: cgs(x)
+            for pname, pfn in peers.items():
+                acts[f"{pname} act"] = (lambda f=pfn: f(x, w, b, G, 1e-5))
+            with torch.no_grad():
+                for k, fn in acts.items():
+                    try:
+                        row[f"{k} fwd"] = timer(fn)
+                    except Exception as e:  # noqa: BLE001  (a peer that rejects this input: recorded, not fatal)
+                        row[f"{k} fwd"] = None
+                        row[f"{k} error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        rows.append(row)
+        del x, w, b, dy, xg, wg, bg
+    # ratios: peer / gnext
+    cols = [c for c in ("eager", "compile") if f"{c} fwd" in rows[0]]
+    for r in rows:
+        for c in cols:
+            r[f"x {c} fwd"] = r[f"{c} fwd"] / r["gnext fwd"]
+            r[f"x {c} f+b"] = r[f"{c} f+b"] / r["gnext f+b"]
+        if args.act:
+            best = min(v for k, v in r.items() if k.endswith(" act fwd") and not k.startswith("gnext") and v)
+            r["x best act fwd"] = best / r["gnext act fwd"]
+    meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "shard": args.shard, "timing": "median of CUDA-event-timed calls, L2 flushed before each",
+            "peers": sorted(peers)}
+    head = "| case | MB | gnext fwd | " + " | ".join(f"x {c} fwd" for c in cols) + " | gnext f+b | " + \
+        " | ".join(f"x {c} f+b" for c in cols) + (" | GN+SiLU gnext fwd | x best peer |" if args.act else " |")
+    lines = [f"{meta['device']} · torch {meta['torch']} · {meta['date']} · shard {args.shard} · {meta['timing']}", "",
+             head, "|---|" + "---:|" * (head.count("|") - 2)]
+    for r in rows:
+        cells = [r["case"], f"{r['MB']:.1f}", f"{r['gnext fwd']:.3f}"] + [f"{r[f'x {c} fwd']:.2f}" for c in cols] + \
+                [f"{r['gnext f+b']:.3f}"] + [f"{r[f'x {c} f+b']:.2f}" for c in cols]
+        if args.act:
+            cells += [f"{r['gnext act fwd']:.3f}", f"{r['x best act fwd']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    summary = []
+    for c in cols:
+        for kind in ("fwd", "f+b"):
+            vals = [r[f"x {c} {kind}"] for r in rows]
+            worst = min(rows, key=lambda r: r[f"x {c} {kind}"])
+            gm = math.exp(sum(math.log(v) for v in vals) / len(vals))
+            summary.append(f"vs {c} {kind}: geomean {gm:.2f}x, worst {worst[f'x {c} {kind}']:.2f}x ({worst['case']})")
+    if args.act:
+        worst = min(rows, key=lambda r: r["x best act fwd"])
+        summary.append(f"GN+SiLU fwd vs the best of eager/compile/peers: worst {worst['x best act fwd']:.2f}x "
+                       f"({worst['case']})")
+    lines += [""] + [f"- {s}" for s in summary]
+    tag = "sweep" + (f"_{i}of{n}" if n > 1 else "") + ("_smoke" if args.smoke else "")
+    save_results(args.out, tag, meta, rows, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
