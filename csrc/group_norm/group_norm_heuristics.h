@@ -1,0 +1,255 @@
+// Launch policy of the GroupNorm kernels, as functions of the problem (N, C, G, HxW, dtype, layout)
+// and the device (SM count, shared memory): which design runs (one-pass, two-pass; NCHW or NHWC), the
+// vector width, how rows are split across CTAs, and the one-pass tiling. The host glue
+// (group_norm_cuda.cpp) asks these and launches; nothing here allocates or launches.
+//
+// Worked numbers (H100: 132 SMs; 228 KB shared memory per SM, 227 KB per block, 1 KB reserved per block):
+//  * target_ctas() = 4 * 132 = 528 CTAs per launch.
+//  * NCHW 2x320x64x64 fp16, G = 32 (D = 10 channels per group): V = 8 (HxW = 4096 is a multiple of 8
+//    halves). Two-pass reduction: N*C = 640 rows >= 528, so one CTA per row (K = 1).
+//    One-pass forward: 2 CTAs per SM -> 264 slots, 114688 bytes of stage per CTA; 64 units (groups) of
+//    40960 elements (80 KB). Since 4 * 64 <= 264 it first tries 264 / 64 = 4 CTAs per group: a
+//    10240-element cap gives 2-channel tiles, T = 5 tiles per group, 320 tiles > 264 slots, dropped.
+//    Then one tile per group: 64 CTAs, each holding its whole group in shared memory, no inter-CTA wait.
+//  * NHWC 16x512x128x128 bf16 channels_last: V = 8, C / V = 64 vectors per pixel row -> tpr = 64
+//    threads across a row, rpi = 4 rows at once (256 threads); K = max(ceil(528 / 16), ceil(16384 /
+//    2048)) = 33 chunks of 497 rows per image (528 CTAs).
+// Defaults of the one-pass knobs come from scripts/dev/onepass_sweep.py (docs/kernels.md).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <optional>
+
+#include "../common/cuda_utils.h"
+#include "group_norm_launch.h"
+
+namespace gnext {
+namespace gn {
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+
+inline int64_t element_size(ScalarType t) { return t == ScalarType::Float ? 4 : 2; }
+
+// CTAs to aim for per launch: enough to fill every SM a few times over.
+inline int64_t target_ctas() { return 4 * static_cast<int64_t>(device_props().multiProcessorCount); }
+
+// Widest vector (elements per 16-byte access) when rows have `inner` elements and every pointer
+// is 16-byte aligned; 1 otherwise.
+inline int vector_width(ScalarType t, int64_t inner, std::initializer_list<const void*> ptrs) {
+  const int vmax = static_cast<int>(16 / element_size(t));
+  if (inner % vmax != 0) return 1;
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return vmax;
+}
+
+// NHWC: tpr threads across the C/V channel vectors of a row, rpi rows at once; CTAs take ranges
+// of `chunk` rows: enough CTAs to fill the GPU, each with a few full row sweeps, and few enough
+// partials that the per-group finalize (D*K merges) stays cheap.
+struct NhwcSplit {
+  int tpr, rpi, threads;
+  int64_t chunk, K;
+};
+inline NhwcSplit nhwc_split(const Problem& p, int V) {
+  constexpr int kThreads = 256;
+  NhwcSplit s{};
+  const int CV = static_cast<int>(p.C / V);
+  s.tpr = std::min(CV, kThreads);
+  s.rpi = std::max(1, kThreads / s.tpr);
+  s.threads = static_cast<int>(round_up(static_cast<int64_t>(s.tpr) * s.rpi, 32));
+  // About target_ctas() CTAs, and at most kMaxNhwcRows rows per CTA: with many large images (L2#19:
+  // 128 x 66564 rows) a CTA per fifth of an image left the SMs 60% occupied, too few warps to hide
+  // the latency of the GELU prologue's math (H100: 2048 rows per CTA took the fp32 GELU-prologue
+  // passes from 1.00 + 2.19 ms to 0.82 + 1.93 ms; docs/kernels.md).
+  constexpr int64_t kMaxNhwcRows = 2048;
+  int64_t K = std::max(ceil_div(target_ctas(), p.N), ceil_div(p.HxW, kMaxNhwcRows));
+  K = std::min(K, ceil_div(p.HxW, static_cast<int64_t>(s.rpi) * kUnroll));
+  K = std::min(K, std::max<int64_t>(1, (int64_t{1} << 15) / p.D));
+  s.chunk = ceil_div(p.HxW, std::max<int64_t>(K, 1));
+  s.K = ceil_div(p.HxW, s.chunk);
+  return s;
+}
+
+// NCHW: each of the N*C rows of HxW split into K chunks of `chunk` elements (a multiple of V), one
+// CTA each, so that about target_ctas() CTAs run; at most max_k chunks per row.
+struct RowSplit {
+  int64_t K, chunk;
+  int threads;
+};
+inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k) {
+  const int64_t rows = p.N * p.C;
+  const int64_t K = rows >= target_ctas() ? 1 : std::min(ceil_div(target_ctas(), rows), std::max<int64_t>(1, max_k));
+  RowSplit s{};
+  s.chunk = round_up(ceil_div(p.HxW, K), V);
+  s.K = ceil_div(p.HxW, s.chunk);
+  s.threads = static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(s.chunk / V, kUnroll), 32), 32, kMaxThreads));
+  return s;
+}
+
+inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_bytes) {
+  ReduceGeometry g{};
+  g.nhwc = nhwc;
+  g.vec = V;
+  if (nhwc) {
+    const NhwcSplit s = nhwc_split(p, V);
+    g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk, g.K = s.K;
+    g.smem = static_cast<size_t>(g.rpi) * p.C * state_bytes;
+    return g;
+  }
+  const RowSplit s = nchw_row_split(p, V, p.HxW / 4096);
+  g.K = s.K, g.chunk = s.chunk, g.threads = s.threads;
+  return g;
+}
+
+inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V) {
+  AffineGeometry g{};
+  g.nhwc = nhwc;
+  g.vec = V;
+  if (nhwc) {
+    const NhwcSplit s = nhwc_split(p, V);
+    g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk;
+    g.grid_x = static_cast<unsigned>(p.N);
+    g.grid_y = static_cast<unsigned>(s.K);
+    return g;
+  }
+  const int64_t rows = p.N * p.C, hwv = p.HxW / V;
+  constexpr int64_t kVecsPerCta = kMaxThreads * kUnroll;
+  int64_t rows_per_cta = std::max<int64_t>(1, kVecsPerCta / hwv);
+  rows_per_cta = std::min(rows_per_cta, std::max<int64_t>(1, rows / target_ctas()));
+  if (rows_per_cta > 1) {  // short rows, packed rows_per_cta to a CTA
+    g.rows_per_cta = static_cast<int>(rows_per_cta);
+    g.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, round_up(rows_per_cta * hwv, 32)));
+    g.grid_x = static_cast<unsigned>(ceil_div(rows, rows_per_cta));
+    g.grid_y = 1;
+    g.chunk = p.HxW;
+    return g;
+  }
+  const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta);  // long rows, split in chunks
+  g.rows_per_cta = 1;
+  g.chunk = s.chunk;
+  g.threads = s.threads;
+  g.grid_x = static_cast<unsigned>(rows);
+  g.grid_y = static_cast<unsigned>(s.K);
+  return g;
+}
+
+inline PartialLayout partial_layout(const Problem& p, const ReduceGeometry& g) {
+  if (g.nhwc) return {g.K, g.K * p.C, 1, p.C};  // partial[(n * K + k) * C + c]
+  return {g.K, p.C * g.K, g.K, 1};               // partial[(n * C + c) * K + k]
+}
+
+// Layout the kernels run in: NHWC for channels_last input and for HxW == 1 (where (N, C) memory
+// is the same in both); NCHW otherwise, or when NHWC's shared memory (rpi * C states) won't fit.
+inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std::initializer_list<const void*> ptrs) {
+  if (x.is_contiguous() && p.HxW != 1) return false;
+  const int V = vector_width(x.scalar_type(), p.C, ptrs);
+  const ReduceGeometry g = reduce_geometry(p, true, V, state_bytes);
+  return g.smem <= device_props().sharedMemPerBlockOptin;
+}
+
+inline int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' ? std::atoi(v) : dflt;
+}
+
+// One-pass plan (see OnePassGeometry in group_norm_launch.h), or nullopt when the two-pass
+// kernels must run: rows (HxW for NCHW, C for NHWC) not 16-byte aligned, a group (NHWC: a block
+// of whole groups) too large to be held in shared memory across the grid, or GNEXT_ONEPASS=0.
+// Tuning knobs (environment, for measurements): GNEXT_ONEPASS_CTAS (CTAs per SM, default 2),
+// GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
+// H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
+inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
+                                                std::initializer_list<const void*> ptrs) {
+  if (env_int("GNEXT_ONEPASS", 1) == 0) return std::nullopt;
+  const int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
+  if (V == 1) return std::nullopt;
+  const DeviceProps* prop = &device_props();
+  const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", 2), 1, 4);
+  const int stages = std::clamp(env_int("GNEXT_ONEPASS_NBUF", 2), 2, 4);
+  const int64_t slots = static_cast<int64_t>(prop->multiProcessorCount) * ctas;  // co-resident CTAs
+  const int threads = std::max(128, gn::kOnePassThreads / ctas / 32 * 32);
+  const int64_t esize = element_size(t);
+  const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
+  const int64_t per_cta = ctas == 1 ? static_cast<int64_t>(prop->sharedMemPerBlockOptin)
+                                    : static_cast<int64_t>(prop->sharedMemPerMultiprocessor) / ctas -
+                                          static_cast<int64_t>(prop->reservedSharedMemPerBlock);
+  const int64_t avail0 = std::min<int64_t>(per_cta, prop->sharedMemPerBlockOptin) - gn::kOnePassStaticSmem;
+  // Plan for NHWC blocks of cb channels (cb = 0: NCHW).
+  auto plan = [&](int64_t cb) -> std::optional<OnePassGeometry> {
+    // NHWC: per-thread channel sums and per-channel coefficients follow the stages.
+    const int64_t extra = nhwc ? threads * V * 8 + cb * 16 : 0;
+    const int64_t avail = avail0 - extra;
+    const int64_t U = nhwc ? p.N * (p.C / cb) : p.N * p.G;  // units: groups (NCHW), channel blocks (NHWC)
+    const int64_t L = nhwc ? cb * p.HxW : p.D * p.HxW;      // elements per unit
+    // Tiles of at most `cap` elements. NCHW: whole channels (balanced over the group) or equal
+    // pieces of one; NHWC: equal ranges of pixel rows.
+    auto make = [&](int nbuf, int64_t cap) -> std::optional<OnePassGeometry> {
+      OnePassGeometry g{};
+      g.nbuf = nbuf, g.vec = V, g.threads = threads, g.nhwc = nhwc, g.units = U;
+      if (nhwc) {
+        const int64_t rows = cap / cb;
+        if (rows < 1) return std::nullopt;
+        g.cb = cb;
+        g.T = ceil_div(p.HxW, rows);
+        g.rows = ceil_div(p.HxW, g.T);
+        g.tile = g.rows * cb;
+        g.sub = g.cpt = 1;
+      } else {
+        cap = cap / V * V;
+        if (cap < V) return std::nullopt;
+        if (p.HxW <= cap) {
+          g.T = ceil_div(p.D, cap / p.HxW);
+          g.cpt = ceil_div(p.D, g.T);
+          g.sub = 1;
+          g.tile = g.cpt * p.HxW;
+        } else {
+          g.sub = ceil_div(p.HxW, cap);
+          g.tile = round_up(ceil_div(p.HxW, g.sub), V);
+          g.cpt = 1;
+          g.T = p.D * g.sub;
+        }
+      }
+      const int64_t tiles = g.units * g.T;
+      g.grid = static_cast<unsigned>(std::min(tiles, slots));
+      if (g.T > g.grid || (nbuf == 1 && tiles > g.grid)) return std::nullopt;
+      g.smem = static_cast<size_t>(nbuf * g.tile * bytes + extra);
+      return g;
+    };
+    // Few units: split each over slots / U CTAs, one tile per CTA. Up to one unit per CTA: one
+    // tile each, no inter-CTA waits. Otherwise stream tiles through `stages` (else 2) stages.
+    if (avail <= 0) return std::nullopt;
+    if (4 * U <= slots)
+      if (auto g = make(1, std::min(avail / bytes, round_up(ceil_div(L, slots / U), V)))) return g;
+    if (U <= slots)
+      if (auto g = make(1, avail / bytes)) return g;
+    // NHWC streamed through stages measured slower than the two-pass kernels (UNet
+    // 16x512x128x128 bf16 CL on the H100: 0.48-0.92 ms vs 0.31 ms; docs/kernels.md): not used.
+    if (nhwc) return std::nullopt;
+    if (auto g = make(stages, avail / stages / bytes)) return g;
+    if (stages != 2)
+      if (auto g = make(2, avail / 2 / bytes)) return g;
+    return std::nullopt;
+  };
+  if (!nhwc) return plan(0);
+  // NHWC: blocks of whole groups with rows of 16-byte multiples and at most `threads` channels (a
+  // thread per channel in the finish). The widest block that fits wins (longer contiguous pieces
+  // of each pixel row); blocks under 128 bytes per row only when nothing wider fits. Only plans
+  // whose tiles all fit one wave of CTAs (small tensors, e.g. SD 2x640x64x64) are used.
+  int64_t narrow = 0;
+  for (int64_t cb = std::min<int64_t>(p.C, threads) / p.D * p.D; cb >= p.D; cb -= p.D) {
+    if (p.C % cb != 0 || (cb * esize) % 16 != 0) continue;
+    if (cb * esize < 128) {
+      if (narrow == 0) narrow = cb;  // the widest narrow block
+      continue;
+    }
+    if (auto g = plan(cb)) return g;
+  }
+  return narrow > 0 ? plan(narrow) : std::nullopt;
+}
+
+}  // namespace gn
+}  // namespace gnext
