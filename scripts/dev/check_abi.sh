@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 so=${1:-groupnorm_ext/_C.abi3.so}
 py=${PYTHON:-python}
 if "$py" -m pip install -q abi3audit >/dev/null 2>&1; then
-  "$py" -m abi3audit --strict --assume-minimum-abi3 3.10 "$so"
+  "$py" -m abi3audit --strict --verbose --assume-minimum-abi3 3.10 "$so"
 else
   echo "SKIPPED: could not install abi3audit"
 fi
