@@ -35,6 +35,9 @@ inline cudaStream_t current_stream(const Tensor& t) {
   return static_cast<cudaStream_t>(s);
 }
 
+// Bound of the per-device host caches below (device index < kMaxDevices).
+constexpr int kMaxDevices = 64;
+
 // The archs this module was compiled for, as setup.py passes them (TORCH_CUDA_ARCH_LIST encoded as
 // one preprocessor token: "9.0a;12.0+PTX" -> 90a_120ptx).
 #define GNEXT_STR2(x) #x
@@ -64,7 +67,6 @@ inline std::string readable_archs(const char* token) {
 // Raises, once per device until it passes, when this build has no device code the GPU can run: a
 // clear message naming the GPU and the archs the build has, instead of a launch failure.
 inline void check_device_supported(int dev) {
-  constexpr int kMaxDevices = 64;
   static std::array<std::atomic<bool>, kMaxDevices> ok{};
   if (dev < 0 || dev >= kMaxDevices || ok[dev].load(std::memory_order_relaxed)) return;
   const cudaError_t e = probe_kernel_image();
@@ -83,7 +85,8 @@ inline void check_device_supported(int dev) {
 // Makes t's device current for the scope (c10::cuda::CUDAGuard), after checking that this build can
 // run on it (check_device_supported).
 struct DeviceGuard {
-  explicit DeviceGuard(const Tensor& t) : g(t.get_device_index()) { check_device_supported(t.get_device_index()); }
+  explicit DeviceGuard(const Tensor& t) : DeviceGuard(t.get_device_index()) {}
+  explicit DeviceGuard(int32_t index) : g(index) { check_device_supported(index); }
   torch::stable::accelerator::DeviceGuard g;
 };
 
@@ -96,7 +99,6 @@ struct DeviceProps {
 
 // Of the current device (the ops set it with DeviceGuard first).
 inline const DeviceProps& device_props() {
-  constexpr int kMaxDevices = 64;
   static std::array<DeviceProps, kMaxDevices> props;
   static std::array<std::once_flag, kMaxDevices> once;
   int dev = 0;
