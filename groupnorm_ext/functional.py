@@ -5,7 +5,13 @@ from typing import Optional
 
 import torch
 
-from ._ops import ops
+from ._ops import ops  # noqa: F401  (loads the compiled library, then the autograd and CPU kernels)
+from ._autograd import eager as _eager
+
+_group_norm = _eager["group_norm"]
+_group_norm_act = _eager["group_norm_act"]
+_group_norm_act_logsumexp = _eager["group_norm_act_logsumexp"]
+_conv_transpose2d_gelu_group_norm = _eager["conv_transpose2d_gelu_group_norm"]
 
 
 def group_norm(
@@ -46,7 +52,7 @@ def group_norm(
     Differentiable in input, weight and bias (torch.ops.gnext.group_norm_backward), and traceable
     by ``torch.compile(fullgraph=True)``.
     """
-    return ops.group_norm(input, num_groups, weight, bias, eps)[0]
+    return _group_norm(input, num_groups, weight, bias, eps)
 
 
 def conv_transpose2d_gelu_group_norm(
@@ -96,9 +102,9 @@ def conv_transpose2d_gelu_group_norm(
         divisible by num_groups, ``approximate`` not ``"none"``/``"tanh"``.
     """
     pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
-    return ops.conv_transpose2d_gelu_group_norm(
+    return _conv_transpose2d_gelu_group_norm(
         input, weight, conv_bias, pair(stride), pair(padding), pair(output_padding), pair(dilation), groups,
-        num_groups, gn_weight, gn_bias, eps, approximate)[0]
+        num_groups, gn_weight, gn_bias, eps, approximate)
 
 
 ACTIVATIONS = ("identity", "silu", "gelu", "gelu_tanh", "relu", "tanh", "hardswish", "tanh_hardswish")
@@ -133,7 +139,7 @@ def group_norm_act(
 
     Differentiable in input, weight, bias and residual; traceable by ``torch.compile(fullgraph=True)``.
     """
-    return ops.group_norm_act(input, num_groups, weight, bias, eps, activation, residual)[0]
+    return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual)
 
 
 def group_norm_act_logsumexp(
@@ -176,4 +182,4 @@ def group_norm_act_logsumexp(
 
     Differentiable in input, input_bias, weight and bias; traceable by ``torch.compile(fullgraph=True)``.
     """
-    return ops.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation, residual)[0]
+    return _group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation, residual)

@@ -125,3 +125,55 @@ def test_autograd_optional_and_partial_inputs(device):
             torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
     finally:
         torch.backends.cudnn.allow_tf32 = True
+
+
+class _Tagged(torch.Tensor):
+    """A __torch_function__ subclass that records the functions it sees."""
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["group_norm", "group_norm_act"])
+def test_eager_entry_matches_dispatcher_path(device, op):
+    """functional.* in eager mode skips the dispatcher's Python Autograd kernel (_autograd._eager): same
+    outputs and gradients as torch.ops.gnext.* through that kernel, and the node it records says which
+    path ran. Double backward raises on both."""
+    gen = torch.Generator().manual_seed(3)
+    x = rand_input((2, 8, 5, 3), torch.float32, device, gen=gen)
+    w, b = (torch.randn(8, generator=gen).to(device) for _ in range(2))
+    dy = torch.randn(x.shape, generator=gen).to(device)
+    extra = ("silu", None) if op == "group_norm_act" else ()
+    fn = getattr(ge, op)
+    results = {}
+    for path in ("eager", "dispatcher"):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+        if path == "eager":
+            y = fn(leaves[0], 4, leaves[1], leaves[2], 1e-5, *extra)
+        else:
+            y = getattr(torch.ops.gnext, op).default(leaves[0], 4, leaves[1], leaves[2], 1e-5, *extra)[0]
+        assert type(y.grad_fn).__name__ == f"{op}_{'eager' if path == 'eager' else 'autograd'}Backward"
+        results[path] = (y.detach(), *torch.autograd.grad(y, leaves, dy, create_graph=True))
+        with pytest.raises(RuntimeError, match="not implemented"):
+            torch.autograd.grad(results[path][1].sum(), leaves)
+    for a, c in zip(results["eager"], results["dispatcher"]):
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+    # no grad needed: no autograd node at all
+    with torch.no_grad():
+        assert fn(x.requires_grad_(), 4, w, b, 1e-5, *extra).grad_fn is None
+    assert fn(x.detach(), 4, w, b, 1e-5, *extra).grad_fn is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_entry_leaves_subclasses_to_torch_function(device):
+    """A tensor subclass's __torch_function__ sees the op (the eager entry is for plain tensors only)."""
+    x = rand_input((2, 4, 3, 3), torch.float32, device, gen=torch.Generator().manual_seed(4)).as_subclass(_Tagged)
+    _Tagged.seen.clear()
+    y = ge.group_norm(x, 2)
+    assert any("group_norm" in s for s in _Tagged.seen), _Tagged.seen
+    torch.testing.assert_close(y.as_subclass(torch.Tensor), F.group_norm(x.as_subclass(torch.Tensor), 2),
+                               rtol=1e-5, atol=1e-5)
