@@ -104,7 +104,6 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
   const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
   const bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr(), out.data_ptr()});
-  // channels_last input too wide for the NHWC kernels' shared memory runs in NCHW.
   // channels_last input too wide for the NHWC kernels' shared memory runs in NCHW (out is
   // channels_last: the result is computed into a contiguous y and copied).
   const bool relayout = !nhwc && !x_in.is_contiguous();
@@ -120,28 +119,29 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
                       ? onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr(), res_ptr})
                       : std::nullopt;
   if (og) {
-    Tensor partial = empty_on(x, {s.N * s.G * og->T * 3}, ScalarType::Float);  // per (tile, group)
+    const int64_t n_partial = s.N * s.G * og->T * 3;  // per (tile, group)
+    Scratch ws = scratch(x, n_partial, stream);
     const Counters counters = onepass_counters(*og, mean, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
-    a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ptr<float>(partial);
+    a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ws.take(n_partial);
     a.counters = counters.ptr, a.eps = static_cast<float>(eps), a.pw = pw;
     GNEXT_CUDA_CHECK(gn::launch_onepass(false, t, p, *og, a, stream));
     if (relayout) copy_into(out, y);
     return {out, mean, rstd};
   }
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
-  Tensor partial = empty_on(x, {s.N * s.C * rg.K * 3}, ScalarType::Float);
-  Tensor coef = empty_on(x, {s.N, s.C, 4}, ScalarType::Float);
-  GNEXT_CUDA_CHECK(
-      gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, ptr<float>(partial), pw, stream));
+  const int64_t n_partial = s.N * s.C * rg.K * 3, n_coef = s.N * s.C * 4;
+  Scratch ws = scratch(x, scratch_floats({n_partial, n_coef}), stream);
+  float* partial = ws.take(n_partial);
+  float* coef = ws.take(n_coef);
+  GNEXT_CUDA_CHECK(gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial, pw, stream));
   GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), p, partial_layout(p, rg),
-                                             ptr<float>(partial), ptr_or_null(w), ptr_or_null(b),
-                                             ptr<float>(mean), ptr<float>(rstd), ptr<float>(coef),
-                                             static_cast<float>(eps), nullptr, stream));
+                                             partial, ptr_or_null(w), ptr_or_null(b), ptr<float>(mean),
+                                             ptr<float>(rstd), coef, static_cast<float>(eps), nullptr, stream));
   GNEXT_CUDA_CHECK(gn::launch_affine(false, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), nullptr, y.data_ptr(),
-                                   ptr<float>(coef), pw, stream));
+                                   coef, pw, stream));
   if (relayout) copy_into(out, y);
   return {out, mean, rstd};
 }
@@ -170,14 +170,15 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   const ScalarKind t = scalar_kind(input.scalar_type());
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW,
                              {x.data_ptr(), dy.data_ptr(), dx_work.defined() ? dx_work.data_ptr() : nullptr});
-  Tensor dsum = need_params ? empty_on(x, {s.N, s.C, 2}, ScalarType::Float) : Tensor();
   const OptTensor b = defined(pro.gn_bias) ? OptTensor(contig(*pro.gn_bias)) : std::nullopt;
   const gn::PwArgs pw = pw_args(pro, Tensor(), ptr<float>(rstd_c), w, b);
   const cudaStream_t stream = current_stream(x);
+  float* dsum = nullptr;  // (N, C, 2): per-channel sums for dgamma/dbeta, in the scratch below
+  const int64_t n_dsum = need_params ? s.N * s.C * 2 : 0;
   auto gamma_beta = [&] {
     if (need_params)
       GNEXT_CUDA_CHECK(gn::launch_gamma_beta_backward(scalar_kind(param_grad_dtype(input, weight)), p,
-                                                    ptr<float>(dsum), ptr<float>(rstd_c),
+                                                    dsum, ptr<float>(rstd_c),
                                                     dgamma ? dgamma->data_ptr() : nullptr,
                                                     dbeta ? dbeta->data_ptr() : nullptr, stream));
   };
@@ -187,15 +188,17 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
                                          {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
   if (og) {
     // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
-    Tensor partial = empty_on(x, {og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2},
-                              ScalarType::Float);
+    const int64_t n_partial = og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2;
+    Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum}), stream);
+    float* partial = ws.take(n_partial);
+    dsum = need_params ? ws.take(n_dsum) : nullptr;
     const Counters counters = onepass_counters(*og, mean_c, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
     a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
     a.mean = ptr<float>(mean_c), a.rstd = ptr<float>(rstd_c);
-    a.partial = ptr<float>(partial), a.dsum = need_params ? ptr<float>(dsum) : nullptr;
+    a.partial = partial, a.dsum = dsum;
     a.counters = counters.ptr, a.pw = pw;
     GNEXT_CUDA_CHECK(gn::launch_onepass(true, t, p, *og, a, stream));
     gamma_beta();
@@ -203,18 +206,20 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     return {dx, dgamma, dbeta};
   }
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes);
-  Tensor partial = empty_on(x, {s.N * s.C * rg.K * 2}, ScalarType::Float);
-  Tensor coef = output_mask[0] ? empty_on(x, {s.N, s.C, 4}, ScalarType::Float) : Tensor();
-  GNEXT_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), ptr<float>(mean_c),
-                                   ptr<float>(partial), pw, stream));
-  GNEXT_CUDA_CHECK(gn::launch_finalize_backward(
-      param_kind(w, std::nullopt, ScalarType::Float), p, partial_layout(p, rg), ptr<float>(partial),
-      ptr<float>(mean_c), ptr<float>(rstd_c), ptr_or_null(w),
-      need_params ? ptr<float>(dsum) : nullptr, output_mask[0] ? ptr<float>(coef) : nullptr, stream));
+  const int64_t n_partial = s.N * s.C * rg.K * 2, n_coef = output_mask[0] ? s.N * s.C * 4 : 0;
+  Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum, n_coef}), stream);
+  float* partial = ws.take(n_partial);
+  dsum = need_params ? ws.take(n_dsum) : nullptr;
+  float* coef = output_mask[0] ? ws.take(n_coef) : nullptr;
+  GNEXT_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), ptr<float>(mean_c), partial, pw,
+                                   stream));
+  GNEXT_CUDA_CHECK(gn::launch_finalize_backward(param_kind(w, std::nullopt, ScalarType::Float), p,
+                                              partial_layout(p, rg), partial, ptr<float>(mean_c), ptr<float>(rstd_c),
+                                              ptr_or_null(w), dsum, coef, stream));
   gamma_beta();
   if (output_mask[0]) {
     GNEXT_CUDA_CHECK(gn::launch_affine(true, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), dy.data_ptr(),
-                                     dx_work.data_ptr(), ptr<float>(coef), pw, stream));
+                                     dx_work.data_ptr(), coef, pw, stream));
     if (relayout) copy_into(*dx, dx_work);
   }
   return {dx, dgamma, dbeta};
