@@ -77,10 +77,14 @@ def _static_numel(t: torch.Tensor) -> Optional[int]:
     return n
 
 
-# Below this many elements a GroupNorm+activation is launch-bound (host time decides, and Inductor's
-# kernels fuse with their neighbours). The threshold is not tuned by a measurement of the pass yet:
-# the sweep (scripts/bench/sweep.py) is where it should come from.
-_MIN_NUMEL = 1 << 16
+# Below this many elements (4M: 8 MB in half precision) the rewrite loses: measured on the H100
+# (bench_results/real_models.md, 2026-11-23), the SD-1.5 UNet fp16 inference (GroupNorm tensors of
+# 2x1280x8x8 up to 2x320x64x64 = 2.6M elements, 45 chains rewritten with a 64K threshold) ran 31.9 ms
+# compiled with the rewrite against 28.4 ms without, while the VAE decoder (maps of 1x512x64x64 up to
+# 1x128x512x512) ran faster with it. A compiled graph at those sizes is host-bound: Inductor's fused
+# Triton kernels cost less host time per call than the op's dispatch (a Python Autograd kernel, then
+# the C++ op), and they also fuse the GroupNorm with what precedes it (the time-embedding add).
+_MIN_NUMEL = 1 << 22
 
 
 def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
@@ -197,7 +201,7 @@ def enable_compile_fusion(when: str = "auto") -> None:
 
     Args:
         when: ``"auto"``: only where gnext is the faster choice (inference graphs, CUDA, 3-D/4-D, at
-            least 65536 elements; see ``_fusable`` and docs/api.md); ``"always"``: every matching
+            least 4M elements; see ``_fusable`` and docs/api.md); ``"always"``: every matching
             chain on any device, training graphs too (tests; measurements).
 
     Raises:

@@ -5,6 +5,9 @@ shapes, mode="reduce-overhead" (CUDA), chains that must stay unfused, and the 'a
 On the CPU the pass runs with when="always" (the 'auto' rule fuses CUDA tensors only)."""
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -137,15 +140,17 @@ def test_auto_rule():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():  # CUDA tensors without a GPU
-        cuda = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="cuda")
+        cuda = torch.empty(1, 128, 256, 256, dtype=torch.float16, device="cuda")
         small = torch.empty(2, 8, 4, 4, dtype=torch.float16, device="cuda")
+        sd_unet = torch.empty(2, 320, 64, 64, dtype=torch.float16, device="cuda")  # below _MIN_NUMEL
         five_d = torch.empty(2, 64, 4, 32, 32, dtype=torch.float16, device="cuda")
-        train = torch.empty(2, 64, 32, 32, dtype=torch.float16, device="cuda", requires_grad=True) * 1
+        train = torch.empty(1, 128, 256, 256, dtype=torch.float16, device="cuda", requires_grad=True) * 1
         w64 = torch.empty(64, dtype=torch.float64, device="cuda")
     cpu = torch.empty(2, 64, 32, 32, device="meta")
     rule = compile_fusion._fusable
     assert rule(cuda, cuda, (None, None), "auto")
     assert not rule(small, small, (None, None), "auto") and rule(small, small, (None, None), "always")
+    assert not rule(sd_unet, sd_unet, (None, None), "auto") and rule(sd_unet, sd_unet, (None, None), "always")
     assert not rule(five_d, five_d, (None, None), "auto") and rule(five_d, five_d, (None, None), "always")
     assert not rule(cuda, train, (None, None), "auto") and rule(cuda, train, (None, None), "always")
     assert not rule(cpu, cpu, (None, None), "auto") and rule(cpu, cpu, (None, None), "always")
@@ -193,7 +198,7 @@ def test_cuda_training_and_reduce_overhead(dtype, channels_last):
     x = rand_input((2, 64, 32, 32), dtype, "cuda", memory_format=fmt).requires_grad_()
     tol = 1e-2 if dtype == torch.bfloat16 else 2e-3  # relative L2; elementwise: a few ulps of max|ref|
     stats = compile_fusion.compile_fusion_stats
-    with torch._inductor.config.patch(fx_graph_cache=False):
+    with torch._inductor.config.patch(fx_graph_cache=False), contextlib.ExitStack() as stack:
         try:
             for when, expected in (("auto", 0), ("always", 2)):
                 torch._dynamo.reset()
@@ -210,6 +215,8 @@ def test_cuda_training_and_reduce_overhead(dtype, channels_last):
             torch._dynamo.reset()
             before = stats["group_norm_act"]
             ge.enable_compile_fusion()
+            # the size threshold is test_auto_rule's; here 'auto' must fire on an inference graph
+            stack.enter_context(mock.patch.object(compile_fusion, "_MIN_NUMEL", 1))
             ro = torch.compile(model.eval(), mode="reduce-overhead", fullgraph=True)
             with torch.no_grad():
                 xi = x.detach()
