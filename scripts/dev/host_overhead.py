@@ -6,7 +6,7 @@ Two measurements per row:
     the GPU synchronized before and after (host-bound, so this is the host path);
   * the issue's shape (2x320x64x64 fp16, G=32): host time to enqueue 30 calls / 30 (the GPU runs behind
     and is synchronized only after the clock stops), so GPU time does not hide or inflate it.
-Each is the median of 7 rounds."""
+Each is the median of 9 rounds, the variants interleaved within each round."""
 from __future__ import annotations
 
 import argparse
@@ -23,20 +23,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import groupnorm_ext as ge  # noqa: E402
 
 
-def host_us(fn, n, sync_inside, rounds=7):
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
+def host_us(fns, n, sync_inside, rounds=9):
+    """Median host us per call of each callable in fns, timed in interleaved rounds (each round runs every
+    callable n times, in a rotating order), so a slow moment of the shared host hits all of them."""
+    for fn in fns.values():
+        for _ in range(10):
             fn()
-        if sync_inside:
+    times = {k: [] for k in fns}
+    keys = list(fns)
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
             torch.cuda.synchronize()
-        times.append((time.perf_counter() - t) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+            t = time.perf_counter()
+            for _ in range(n):
+                fns[k]()
+            if sync_inside:
+                torch.cuda.synchronize()
+            times[k].append((time.perf_counter() - t) / n * 1e6)
+            torch.cuda.synchronize()
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def cases(shape, dtype, G):
@@ -56,11 +61,49 @@ def cases(shape, dtype, G):
     return fwd, fb
 
 
+def op_calls(shape, dtype, G):
+    """(gnext, aten) callables per layer: the forward op through its Autograd kernel in no-grad mode, the
+    forward op below autograd, and the backward op below autograd."""
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
+    w, b = torch.randn(shape[1], device="cuda", dtype=dtype), torch.randn(shape[1], device="cuda", dtype=dtype)
+    N, C, HxW = shape[0], shape[1], x[0, 0].numel()
+    dy = torch.randn_like(x)
+    g, a = torch.ops.gnext, torch.ops.aten
+    _, mean, rstd = g.group_norm.default(x, G, w, b, 1e-5)
+    _, amean, arstd = a.native_group_norm.default(x, w, b, N, C, HxW, G, 1e-5)
+    below = torch._C._AutoDispatchBelowAutograd
+
+    def under(f):
+        def run():
+            with below():
+                f()
+        return run
+
+    fwd = (lambda: g.group_norm.default(x, G, w, b, 1e-5),
+           lambda: a.native_group_norm.default(x, w, b, N, C, HxW, G, 1e-5))
+    bwd = (lambda: g.group_norm_backward.default(dy, x, mean, rstd, w, G, [True, True, True]),
+           lambda: a.native_group_norm_backward.default(dy, x, amean, arstd, w, N, C, HxW, G, [True, True, True]))
+
+    def no_grad(f):
+        def run():
+            with torch.no_grad():
+                f()
+        return run
+
+    return {"forward op, Autograd key, no grad": tuple(no_grad(f) for f in fwd),
+            "forward op below autograd": tuple(under(f) for f in fwd),
+            "backward op below autograd": tuple(under(f) for f in bwd),
+            "empty context (below autograd, no op)": (under(lambda: None), under(lambda: None))}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", default=None)
     p.add_argument("--profile", action="store_true",
                    help="also print torch.profiler's CPU-time table of 20 forward+backward calls of each, 2x320x64x64")
+    p.add_argument("--ops", action="store_true",
+                   help="also time the ops themselves (torch.ops.gnext.* vs aten.native_group_norm*), with and "
+                        "without the Autograd dispatch key, to split the host time between layers")
     args = p.parse_args()
     res = {}
     for label, shape, dtype, G, n, sync_inside in (("2x32x8x8 fp32 G=8 (wall/call)", (2, 32, 8, 8), torch.float32, 8,
@@ -70,18 +113,24 @@ def main():
         fwd, fb = cases(shape, dtype, G)
         rows = {}
         with torch.no_grad():
-            for k, fn in fwd.items():
-                rows[f"forward, no grad | {k}"] = host_us(fn, n, sync_inside)
-        for k, fn in fb.items():
-            rows[f"forward+backward | {k}"] = host_us(fn, n, sync_inside)
+            rows.update({f"forward, no grad | {k}": v for k, v in host_us(fwd, n, sync_inside).items()})
+        rows.update({f"forward+backward | {k}": v for k, v in host_us(fb, n, sync_inside).items()})
         res[label] = rows
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} (host us per call, median of 7 rounds)")
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} "
+          "(host us per call, median of 9 interleaved rounds)")
     for label, rows in res.items():
         print(label)
         keys = list(rows)
         for i in range(0, len(keys), 2):  # gnext row, then its PyTorch counterpart
             a, b = rows[keys[i]], rows[keys[i + 1]]
             print(f"  {keys[i]:52s} {a:8.1f}   vs {keys[i + 1].split('| ')[1]:28s} {b:8.1f}   ratio {a / b:5.2f}")
+    if args.ops:
+        print("op calls, host us per call (2x32x8x8 fp32 G=8, wall with the GPU synchronized; "
+              "median of 9 interleaved rounds)")
+        for label, (a, b) in op_calls((2, 32, 8, 8), torch.float32, 8).items():
+            t = host_us({"gnext": a, "aten": b}, 300, True)
+            ta, tb = t["gnext"], t["aten"]
+            print(f"  {label:44s} gnext {ta:7.1f}   aten {tb:7.1f}   ratio {ta / tb:5.2f}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
