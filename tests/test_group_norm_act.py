@@ -4,7 +4,6 @@ and channels_last, both CUDA kernel paths (one-pass and two-pass); opcheck; torc
 and converter; error messages."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import groupnorm_ext as ge
-from conftest import BWD_TOL, DEVICES, FWD_TOL, act_ref, poison, rand_input, rel_err
+from conftest import BWD_TOL, DEVICES, FWD_TOL, act_ref, poison, rand_input, reference, rel_err
 
 CL = torch.channels_last
 ACTS = list(ge.functional.ACTIVATIONS)
@@ -152,3 +151,62 @@ def test_bad_input_messages(device):
         ge.group_norm_act(x, 4, residual=x.double())
     with pytest.raises(RuntimeError, match="divisible by num_groups=3"):
         ge.group_norm_act(x, 3)
+
+
+def _large_mean_case(device, seed, shape=(1, 12, 65, 2), mean=1000.0):
+    """float32 input of std 1 around a large mean (the case of issue 'kernels on every shape':
+    N=1, C=12, G=3, 65x2 pixels, mean 1000)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=gen, dtype=torch.float64) + mean).float().to(device)
+    w = (torch.randn(shape[1], generator=gen) * 0.5 + 1).to(device)
+    b = (torch.randn(shape[1], generator=gen) * 0.5).to(device)
+    dy = torch.randn(shape, generator=gen).to(device)
+    return x, w, b, dy
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", ["onepass", "twopass"])
+def test_relu_backward_uses_forward_kinks(device, path, monkeypatch):
+    """ReLU's derivative in the backward is taken where the forward put the kink: against a float64
+    GroupNorm backward whose upstream gradient is dy masked by the forward's own output (out > 0), at a
+    large mean (1000) where a float32 pre-activation differs from the exact one by ~1e-4. grad_bias is
+    then exactly sum(dy * (out > 0)) per channel, up to float32 summation."""
+    monkeypatch.setenv("GNEXT_ONEPASS", "1" if path == "onepass" else "0")
+    G = 3
+    for seed in range(3):
+        x, w, b, dy = _large_mean_case(device, seed)
+        leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+        out = ge.group_norm_act(leaves[0], G, leaves[1], leaves[2], 1e-5, "relu")
+        dx, dw, db = torch.autograd.grad(out, leaves, dy)
+        masked = (dy * (out.detach() > 0)).cpu()
+        _, rdx, rdw, rdb = reference(x.cpu(), G, w.cpu(), b.cpu(), 1e-5, dy=masked)
+        assert rel_err(db.cpu(), rdb) <= 1e-5, (seed, rel_err(db.cpu(), rdb))
+        assert rel_err(dw.cpu(), rdw) <= 5e-4, (seed, rel_err(dw.cpu(), rdw))
+        assert rel_err(dx.cpu(), rdx) <= 2e-4, (seed, rel_err(dx.cpu(), rdx))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", ["relu", "hardswish", "silu", "gelu"])
+@pytest.mark.parametrize("path", ["onepass", "twopass"])
+@pytest.mark.parametrize("mean", [1000.0, -300.0])
+def test_large_mean_away_from_kinks(device, act, path, mean, monkeypatch):
+    """float32 at a large mean, inputs drawn so that no exact pre-activation lies within 1e-2 of a kink
+    (ReLU 0, hardswish -3 and 3): forward and every gradient match the float64 reference about as closely
+    as eager PyTorch's float32 (its worst on the CPU: output 3.6e-5, grad_input 2.7e-5, grad_weight 1.9e-4,
+    grad_bias 3.0e-5)."""
+    monkeypatch.setenv("GNEXT_ONEPASS", "1" if path == "onepass" else "0")
+    G, kinks = 3, {"relu": (0.0,), "hardswish": (-3.0, 3.0)}.get(act, ())
+    seed = 0
+    while True:
+        x, w, b, dy = _large_mean_case(device, seed, mean=mean)
+        n = reference(x.cpu(), G, w.cpu(), b.cpu(), 1e-5)[0]
+        if all((n - k).abs().min().item() > 1e-2 for k in kinks):
+            break
+        seed += 1
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    out = ge.group_norm_act(leaves[0], G, leaves[1], leaves[2], 1e-5, act)
+    grads = torch.autograd.grad(out, leaves, dy)
+    ref, ref_grads = _reference(x, G, w, b, None, act, dy)
+    assert rel_err(out.cpu(), ref) <= 1e-4, rel_err(out.cpu(), ref)
+    for name, g, r, tol in zip(("input", "weight", "bias"), grads, ref_grads, (2e-4, 5e-4, 2e-4)):
+        assert rel_err(g.cpu(), r) <= tol, f"{act} grad {name}: {rel_err(g.cpu(), r):.2e}"
