@@ -4,7 +4,6 @@ and channels_last, both CUDA kernel paths (one-pass and two-pass); opcheck; torc
 and converter; error messages."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
