@@ -4,7 +4,11 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/dev/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu" BUDGET_S=580 bash scripts/dev/device_run.sh
+#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu host models shapes" BUDGET_S=580 \
+#     bash scripts/dev/device_run.sh
+# test runs pytest with PYTEST_N xdist workers (default 8; 0: none). models: ROWS (default all) of the
+# real-model benchmark; shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
+# (.peers/ from scripts/dev/fetch_peers.sh carried along).
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
@@ -40,7 +44,9 @@ if has bench; then
 fi
 if has test; then
   t0=$SECONDS
-  timeout $(( $(left) - 20 )) python3 -m pytest -q -x -p no:cacheprovider tests > "$OUT/pytest.log" 2>&1
+  nproc_args=()
+  [ "${PYTEST_N:-8}" != 0 ] && python3 -c "import xdist" 2> /dev/null && nproc_args=(-n "${PYTEST_N:-8}")
+  timeout $(( $(left) - 20 )) python3 -m pytest -q -x -p no:cacheprovider "${nproc_args[@]}" tests > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 fi
@@ -71,6 +77,21 @@ fi
 if has fb; then
   timeout $(( $(left) )) python3 scripts/dev/fb_overhead.py > "$OUT/fb_overhead.log" 2>&1
   echo "fb_overhead rc=$?"; cat "$OUT/fb_overhead.log"
+fi
+if has host; then
+  timeout $(( $(left) )) python3 scripts/dev/host_overhead.py --ops --json "$OUT/host_overhead.json" > "$OUT/host_overhead.log" 2>&1
+  echo "host_overhead rc=$?"; grep -v Warn "$OUT/host_overhead.log"
+fi
+if has models; then
+  t0=$SECONDS
+  timeout $(( $(left) - 10 )) python3 scripts/bench/real_models.py --rows "${ROWS:-vae-fp16-nchw,vae-fp16-cl,unet2d-train-bf16,sd15-unet-fp16,bit-train-bf16}" \
+    --rounds "${ROUNDS:-7}" --out "$OUT" > "$OUT/real_models.log" 2>&1
+  echo "models rc=$? ($((SECONDS - t0)) s)"; [ -f "$OUT/real_models.md" ] && cat "$OUT/real_models.md"
+fi
+if has shapes; then
+  t0=$SECONDS
+  timeout $(( $(left) - 10 )) python3 scripts/bench/sweep.py --act --shard "${SHARD:-0/1}" --out "$OUT" > "$OUT/sweep.log" 2>&1
+  echo "shape sweep rc=$? ($((SECONDS - t0)) s)"; tail -15 "$OUT/sweep.log"
 fi
 if has ncu; then
   OUT=$OUT timeout $(( $(left) )) bash scripts/dev/ncu_gaps.sh
