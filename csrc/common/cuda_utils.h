@@ -133,12 +133,16 @@ struct Counters {
   unsigned* ptr = nullptr;
   Tensor keep;
 };
+// Whether work enqueued on `stream` now is being captured into a CUDA graph.
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GNEXT_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
 inline Counters zeroed_counters(const Tensor& like, int64_t n, cudaStream_t stream) {
   Counters c;
   if (n <= 0) return c;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  GNEXT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
+  if (capturing(stream)) {
     c.keep = empty_on(like, {n}, ScalarType::Int);
     c.ptr = static_cast<unsigned*>(c.keep.data_ptr());
     GNEXT_CUDA_CHECK(cudaMemsetAsync(c.ptr, 0, static_cast<size_t>(n) * sizeof(unsigned), stream));
@@ -195,9 +199,7 @@ inline int64_t scratch_floats(std::initializer_list<int64_t> sizes) {
 inline Scratch scratch(const Tensor& like, int64_t n, cudaStream_t stream) {
   Scratch s;
   if (n <= 0) return s;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  GNEXT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone || n > kScratchCacheFloats) {
+  if (capturing(stream) || n > kScratchCacheFloats) {
     s.keep = empty_on(like, {n}, ScalarType::Float);
     s.ptr = static_cast<float*>(s.keep.data_ptr());
     return s;
