@@ -6,6 +6,10 @@ backward raises "derivative for gnext::<op>_backward is not implemented".
 
 Gradient slots follow the op's arguments; mean/rstd (and z of the fused conv op) are
 non-differentiable outputs, and no zero gradients are materialized for them.
+
+Two entries share each op's save/grads pair: the Autograd-key kernel (_register), which every call of
+torch.ops.gnext.* and every compiled graph goes through, and the eager entry of the functional API
+(_eager, the dict `eager`), which skips the dispatcher's boxing round trip into that Python kernel.
 """
 from __future__ import annotations
 
