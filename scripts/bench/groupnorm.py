@@ -173,45 +173,33 @@ def to_markdown(meta, rows, impls):
         "`2-pass` = gnext with its one-pass kernel switched off (GNEXT_ONEPASS=0).",
         "",
     ]
-    head = "| shape | MB | floor fwd | gnext fwd | frac | eager fwd | frac |"
-    sep = "|---|---:|---:|---:|---:|---:|---:|"
-    if "compile" in impls:
-        head += " compile fwd | frac |"
-        sep += "---:|---:|"
-    head += " gnext f+b | frac | eager f+b |"
-    sep += "---:|---:|---:|"
-    if "compile" in impls:
-        head += " compile f+b |"
-        sep += "---:|"
-    head += " fwd x eager | f+b x eager |"
-    sep += "---:|---:|"
-    if "compile" in impls:
-        head += " fwd x compile | f+b x compile |"
-        sep += "---:|---:|"
-    if "gnext_2pass" in impls:
-        head += " 2-pass fwd | 2-pass f+b |"
-        sep += "---:|---:|"
-    head += " max rel err |"
-    sep += "---:|"
-    lines += [head, sep]
-    for r in rows:
-        g, e = r["gnext"], r["eager"]
-        cells = [r["name"], f"{r['MB']:.0f}", f"{r['floor_fwd_ms']:.3f}", f"{g['fwd_ms']:.3f}", f"{g['fwd_frac_floor']:.2f}",
-                 f"{e['fwd_ms']:.3f}", f"{e['fwd_frac_floor']:.2f}"]
-        if "compile" in impls:
-            c = r["compile"]
-            cells += [f"{c['fwd_ms']:.3f}", f"{c['fwd_frac_floor']:.2f}"]
-        cells += [f"{g['fwdbwd_ms']:.3f}", f"{g['fwdbwd_frac_floor']:.2f}", f"{e['fwdbwd_ms']:.3f}"]
-        if "compile" in impls:
-            cells += [f"{r['compile']['fwdbwd_ms']:.3f}"]
-        cells += [f"{e['fwd_ms'] / g['fwd_ms']:.2f}", f"{e['fwdbwd_ms'] / g['fwdbwd_ms']:.2f}"]
-        if "compile" in impls:
-            c = r["compile"]
-            cells += [f"{c['fwd_ms'] / g['fwd_ms']:.2f}", f"{c['fwdbwd_ms'] / g['fwdbwd_ms']:.2f}"]
-        if "gnext_2pass" in impls:
-            cells += [f"{r['gnext_2pass']['fwd_ms']:.3f}", f"{r['gnext_2pass']['fwdbwd_ms']:.3f}"]
+    # (header, cell of a row, shown): one list, so the header and the cells cannot drift apart.
+    comp, two = "compile" in impls, "gnext_2pass" in impls
+    ms = lambda impl, k: lambda r: f"{r[impl][k]:.3f}"  # noqa: E731
+    frac = lambda impl, k: lambda r: f"{r[impl][k]:.2f}"  # noqa: E731
+    ratio = lambda impl, k: lambda r: f"{r[impl][k] / r['gnext'][k]:.2f}"  # noqa: E731
+
+    def max_err(r):
         chk = r["check"]
-        cells += [f"{max(chk['out'], chk['dx'], chk['dw'], chk['db']):.1e}" + ("" if chk["finite"] else " NaN!")]
+        return f"{max(chk['out'], chk['dx'], chk['dw'], chk['db']):.1e}" + ("" if chk["finite"] else " NaN!")
+
+    columns = [
+        ("shape", lambda r: r["name"], True), ("MB", lambda r: f"{r['MB']:.0f}", True),
+        ("floor fwd", lambda r: f"{r['floor_fwd_ms']:.3f}", True),
+        ("gnext fwd", ms("gnext", "fwd_ms"), True), ("frac", frac("gnext", "fwd_frac_floor"), True),
+        ("eager fwd", ms("eager", "fwd_ms"), True), ("frac", frac("eager", "fwd_frac_floor"), True),
+        ("compile fwd", ms("compile", "fwd_ms"), comp), ("frac", frac("compile", "fwd_frac_floor"), comp),
+        ("gnext f+b", ms("gnext", "fwdbwd_ms"), True), ("frac", frac("gnext", "fwdbwd_frac_floor"), True),
+        ("eager f+b", ms("eager", "fwdbwd_ms"), True), ("compile f+b", ms("compile", "fwdbwd_ms"), comp),
+        ("fwd x eager", ratio("eager", "fwd_ms"), True), ("f+b x eager", ratio("eager", "fwdbwd_ms"), True),
+        ("fwd x compile", ratio("compile", "fwd_ms"), comp), ("f+b x compile", ratio("compile", "fwdbwd_ms"), comp),
+        ("2-pass fwd", ms("gnext_2pass", "fwd_ms"), two), ("2-pass f+b", ms("gnext_2pass", "fwdbwd_ms"), two),
+        ("max rel err", max_err, True),
+    ]
+    columns = [(h, cell) for h, cell, shown in columns if shown]
+    lines += ["| " + " | ".join(h for h, _ in columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
+    for r in rows:
+        cells = [cell(r) for _, cell in columns]
         lines.append("| " + " | ".join(cells) + " |")
     gm = lambda vals: math.exp(sum(math.log(v) for v in vals) / len(vals))  # noqa: E731
     lines.append("")
