@@ -26,17 +26,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT))
 import groupnorm_ext as ge  # noqa: E402
-from real_models import _cast, build, step_fn  # noqa: E402
+from real_models import _cast, build, step_fn, wall_ms  # noqa: E402
 
 
-def timed(fn, n, sync_after):
+def host_ms(fn):
+    """Time until one call returns, the GPU synchronized before it only (then drained)."""
     torch.cuda.synchronize()
     t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    if sync_after:
-        torch.cuda.synchronize()
-    dt = (time.perf_counter() - t) / n * 1e3
+    fn()
+    dt = (time.perf_counter() - t) * 1e3
     torch.cuda.synchronize()
     return dt
 
@@ -76,12 +74,13 @@ def main():
     for f in fns.values():
         for _ in range(3):
             f()
-    n = max(1, int(300 / max(timed(fns["eager"], 1, True), 1e-3)))
+    sync = torch.cuda.synchronize
+    n = max(1, int(300 / max(wall_ms(fns["eager"], sync, 1), 1e-3)))
     wall, host = defaultdict(list), defaultdict(list)
     for r in range(args.rounds):
         for v in (("eager", "gnext") if r % 2 == 0 else ("gnext", "eager")):
-            wall[v].append(timed(fns[v], n, True))
-            host[v].append(timed(fns[v], 1, False))
+            wall[v].append(wall_ms(fns[v], sync, n))
+            host[v].append(host_ms(fns[v]))
     for v in fns:
         print(f"{v:6s} wall {statistics.median(wall[v]):7.2f} ms [{min(wall[v]):.2f}..{max(wall[v]):.2f}]  "
               f"host (enqueue) {statistics.median(host[v]):7.2f} ms [{min(host[v]):.2f}..{max(host[v]):.2f}]")
