@@ -182,18 +182,21 @@ inline Counters zeroed_counters(const Tensor& like, int64_t n, cudaStream_t stre
 // (during capture: from the graph's pool, as any temporary of a captured op). This saves an
 // allocation per scratch array per call (~3-8 us of host time each on the H100 machine).
 constexpr int64_t kScratchCacheFloats = int64_t(1) << 22;  // 16 MiB
+inline int64_t scratch_slice_floats(int64_t n) { return (n + 3) / 4 * 4; }  // 16-byte aligned slices
 struct Scratch {
   float* ptr = nullptr;
   Tensor keep;  // a fresh tensor when not from the cached buffer: alive until the launches are enqueued
-  float* take(int64_t n) {  // consecutive slices, 16-byte aligned
+  float* take(int64_t n) {  // the next slice of n floats; nullptr for n = 0 (an array not wanted)
+    if (n <= 0) return nullptr;
     float* p = ptr;
-    ptr += (n + 3) / 4 * 4;
+    ptr += scratch_slice_floats(n);
     return p;
   }
 };
+// Floats of a scratch holding slices of these sizes (take them in this order).
 inline int64_t scratch_floats(std::initializer_list<int64_t> sizes) {
   int64_t n = 0;
-  for (int64_t s : sizes) n += (s + 3) / 4 * 4;
+  for (int64_t s : sizes) n += scratch_slice_floats(s);
   return n;
 }
 inline Scratch scratch(const Tensor& like, int64_t n, cudaStream_t stream) {

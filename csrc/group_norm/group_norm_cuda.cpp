@@ -191,7 +191,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const int64_t n_partial = og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2;
     Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum}), stream);
     float* partial = ws.take(n_partial);
-    dsum = need_params ? ws.take(n_dsum) : nullptr;
+    dsum = ws.take(n_dsum);
     const Counters counters = onepass_counters(*og, mean_c, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
@@ -209,8 +209,8 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   const int64_t n_partial = s.N * s.C * rg.K * 2, n_coef = output_mask[0] ? s.N * s.C * 4 : 0;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum, n_coef}), stream);
   float* partial = ws.take(n_partial);
-  dsum = need_params ? ws.take(n_dsum) : nullptr;
-  float* coef = output_mask[0] ? ws.take(n_coef) : nullptr;
+  dsum = ws.take(n_dsum);
+  float* coef = ws.take(n_coef);
   GNEXT_CUDA_CHECK(gn::launch_reduce(true, t, p, rg, x.data_ptr(), dy.data_ptr(), ptr<float>(mean_c), partial, pw,
                                    stream));
   GNEXT_CUDA_CHECK(gn::launch_finalize_backward(param_kind(w, std::nullopt, ScalarType::Float), p,
