@@ -1,48 +1,72 @@
 #!/usr/bin/env python3
-"""Per-kernel CUDA times of gnext's GroupNorm forward and backward (torch.profiler), and the
-host time of one op call, for a few shapes. Diagnostic tool; speed claims come from bench.py."""
+"""Per-kernel CUDA times (torch.profiler) of gnext's GroupNorm and GroupNorm+activation, forward and
+backward, one-pass allowed and forced off (GNEXT_ONEPASS=0), on the shapes where issue 17 measured
+gaps; with the host time of one forward call. Diagnostic tool: which kernels run and what each costs.
+Speed claims come from scripts/bench."""
+import argparse
+import os
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, __import__("os").path.dirname(__file__) + "/../..")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)) + "/../..")
 import groupnorm_ext  # noqa: E402,F401
 
 SHAPES = [
     ((112, 64, 512, 512), 8, torch.float32, None),
     ((1, 128, 1024, 1024), 32, torch.float16, None),
+    ((1, 128, 20, 256, 256), 32, torch.bfloat16, None),
+    ((1, 128, 20, 256, 256), 32, torch.bfloat16, torch.channels_last_3d),
     ((1, 128, 1024, 1024), 32, torch.float16, torch.channels_last),
     ((16, 512, 128, 128), 32, torch.bfloat16, torch.channels_last),
+    ((2, 1280, 16, 16), 32, torch.float16, torch.channels_last),
     ((2, 320, 64, 64), 32, torch.float16, None),
 ]
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--act", default="silu", help="activation of the group_norm_act rows ('' = none)")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    ops = torch.ops.gnext
     for shape, G, dtype, fmt in SHAPES:
-        x = (torch.randn(shape, device="cuda", dtype=dtype) * 3 + 2)
+        x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 2
         if fmt is not None:
             x = x.contiguous(memory_format=fmt)
         w = torch.randn(shape[1], device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
-        op, bw = torch.ops.gnext.group_norm, torch.ops.gnext.group_norm_backward
-        out, mean, rstd = op(x, G, w, w, 1e-5)
-        for _ in range(3):
-            bw(dy, x, mean, rstd, w, G, [True, True, True])
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                op(x, G, w, w, 1e-5)
-                bw(dy, x, mean, rstd, w, G, [True, True, True])
-            torch.cuda.synchronize()
-        print(f"== {shape} {dtype} {'CL' if fmt else 'NCHW'} ({x.numel() * x.element_size() / 1e6:.0f} MB)")
-        for ev in prof.key_averages():
-            if ev.device_time_total > 0:
-                print(f"   {ev.device_time_total / ev.count:9.1f} us  x{ev.count:<3d} {ev.key[:110]}")
+        mb = x.numel() * x.element_size() / 1e6
+        variants = {"gn": (lambda: ops.group_norm(x, G, w, w, 1e-5),
+                           lambda m, r: ops.group_norm_backward(dy, x, m, r, w, G, [True, True, True]))}
+        if args.act:
+            variants[args.act] = (
+                lambda: ops.group_norm_act(x, G, w, w, 1e-5, args.act, None),
+                lambda m, r: ops.group_norm_act_backward(dy, x, m, r, w, w, G, args.act, [True, True, True]))
+        print(f"== {tuple(shape)} G={G} {str(dtype)[6:]} {'CL' if fmt else 'contiguous'} ({mb:.0f} MB; "
+              f"fwd floor {2 * mb / 3000:.3f} ms at 3 TB/s)")
+        for onepass in ("1", "0"):
+            os.environ["GNEXT_ONEPASS"] = onepass
+            for name, (fwd, bwd) in variants.items():
+                _, m, r = fwd()
+                for _ in range(2):
+                    fwd(), bwd(m, r)
+                torch.cuda.synchronize()
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(args.reps):
+                        fwd()
+                        bwd(m, r)
+                    torch.cuda.synchronize()
+                print(f"  [{name}, GNEXT_ONEPASS={onepass}]")
+                for ev in prof.key_averages():
+                    if ev.device_time_total > 0:
+                        print(f"   {ev.device_time_total / ev.count:9.1f} us  x{ev.count:<3d} {ev.key[:100]}")
+        os.environ.pop("GNEXT_ONEPASS")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(50):
-            op(x, G, w, w, 1e-5)
+            ops.group_norm(x, G, w, w, 1e-5)
         host = (time.perf_counter() - t0) / 50 * 1e6
         torch.cuda.synchronize()
         print(f"   host time per forward call (async, incl. queueing): {host:.1f} us")
