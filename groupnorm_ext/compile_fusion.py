@@ -187,7 +187,18 @@ def _pass_class():
                 h.update(prev if isinstance(prev, bytes) else str(prev).encode())
             return h.digest()
 
+        def __reduce__(self):
+            # Picklable although the class is local: torch 2.11's FX-graph cache pickles the Inductor
+            # config with this object in it (a pickling error there bypasses the cache). The uuid goes
+            # along, so a cache key changes with gnext's pass source as it does through uuid().
+            return _restore_pass, (self.when, self.previous, self.uuid())
+
     return GroupNormActPass
+
+
+def _restore_pass(when, previous, _uuid=None):
+    """Unpickles a GroupNormActPass (see its __reduce__)."""
+    return _pass_class()(when, previous)
 
 
 _SOURCE = Path(__file__).read_bytes()

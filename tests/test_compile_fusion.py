@@ -185,6 +185,20 @@ def test_enable_disable_keeps_a_previous_pass():
         config.pre_grad_custom_pass = prev
 
 
+def test_pass_pickles_with_its_uuid():
+    """torch 2.11's FX-graph cache pickles the Inductor config, the pass included (an unpicklable pass
+    there bypasses the cache: 'Failed to pickle cache key'). The pass round-trips, and its pickle
+    changes with its uuid (the 'when' argument here), so cache keys do too."""
+    import pickle
+
+    cls = compile_fusion._pass_class()
+    auto, always = cls("auto"), cls("always")
+    back = pickle.loads(pickle.dumps(auto))
+    assert isinstance(back, cls) and back.when == "auto" and back.previous is None
+    assert back.uuid() == auto.uuid() != always.uuid()
+    assert pickle.dumps(auto) != pickle.dumps(always)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
