@@ -261,7 +261,20 @@ def main():
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     p.add_argument("--name", default="real_models")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny configs, when='always'")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="no run: one table (in --rows order) from the rows of JSON files of earlier runs "
+                        "(rows run in separate processes or device calls); meta from the first file")
     args = p.parse_args()
+    if args.merge:
+        files = [json.loads(pathlib.Path(f).read_text()) for f in args.merge]
+        by_row = {r["row"]: r for f in files for r in f["rows"]}
+        rows = [by_row[r] for r in args.rows.split(",") if r in by_row]
+        used = [f for f in files if any(r in by_row and by_row[r] in f["rows"] for r in args.rows.split(","))]
+        meta = dict(files[0]["meta"], date=" / ".join(f["meta"]["date"] for f in used),
+                    timing=" / ".join(f"{f['meta']['timing']} ({', '.join(r['row'] for r in f['rows'] if by_row[r['row']] is r)})"
+                                      for f in used))
+        print(write(args.out, meta, rows, args.name))
+        return
     dev = "cpu" if args.smoke else "cuda"
     when = "always" if args.smoke else "auto"
     try:

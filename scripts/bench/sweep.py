@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import pathlib
 import random
@@ -88,16 +89,25 @@ def main():
     p.add_argument("--act", action="store_true", help="also GroupNorm+SiLU forward vs eager, compile and the peers")
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     p.add_argument("--smoke", action="store_true", help="CPU, 3 small shapes")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="no run: one table from the JSON of shards")
     args = p.parse_args()
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     dev = "cpu" if args.smoke else "cuda"
     i, n = (int(v) for v in args.shard.split("/"))
     cases = draw(SMOKE_POOL if args.smoke else POOL)[i::n]
     timer = Timer(dev)
+    meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "shard": args.shard, "timing": "median of CUDA-event-timed calls, L2 flushed before each"}
+    tag = "sweep" + (f"_{i}of{n}" if n > 1 else "") + ("_smoke" if args.smoke else "")
     peers = {}
     if args.act and not args.smoke:
         from peers import load
 
         peers = load()
+    meta["peers"] = sorted(peers)
     try:
         from tqdm import tqdm
     except ImportError:
@@ -136,27 +146,30 @@ def main():
                         row[f"{k} error"] = f"{type(e).__name__}: {str(e)[:120]}"
         rows.append(row)
         del x, w, b, dy, xg, wg, bg
-    # ratios: peer / gnext
+        report(rows, meta, args.act, args.out, tag, quiet=True)  # after every shape: a time limit loses one
+    report(rows, meta, args.act, args.out, tag)
+
+
+def report(rows, meta, act, out, tag, quiet=False):
+    """Ratios (peer time / gnext time), the markdown table with its worst-case summary, <out>/<tag>.json,
+    .md and (where matplotlib is installed) .png."""
     cols = [c for c in ("eager", "compile") if f"{c} fwd" in rows[0]]
     for r in rows:
         for c in cols:
             r[f"x {c} fwd"] = r[f"{c} fwd"] / r["gnext fwd"]
             r[f"x {c} f+b"] = r[f"{c} f+b"] / r["gnext f+b"]
-        if args.act:
-            best = min(v for k, v in r.items() if k.endswith(" act fwd") and not k.startswith("gnext") and v)
+        if act:  # the peers' GN+SiLU times: keys '<peer> act fwd', not gnext's and not a ratio
+            best = min(v for k, v in r.items()
+                       if k.endswith(" act fwd") and not k.startswith(("gnext", "x ")) and v)
             r["x best act fwd"] = best / r["gnext act fwd"]
-    meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "shard": args.shard, "timing": "median of CUDA-event-timed calls, L2 flushed before each",
-            "peers": sorted(peers)}
     head = "| case | MB | gnext fwd | " + " | ".join(f"x {c} fwd" for c in cols) + " | gnext f+b | " + \
-        " | ".join(f"x {c} f+b" for c in cols) + (" | GN+SiLU gnext fwd | x best peer |" if args.act else " |")
-    lines = [f"{meta['device']} · torch {meta['torch']} · {meta['date']} · shard {args.shard} · {meta['timing']}", "",
-             head, "|---|" + "---:|" * (head.count("|") - 2)]
+        " | ".join(f"x {c} f+b" for c in cols) + (" | GN+SiLU gnext fwd | x best peer |" if act else " |")
+    lines = [f"{meta['device']} · torch {meta['torch']} · {meta['date']} · shard {meta['shard']} · {meta['timing']}",
+             "", head, "|---|" + "---:|" * (head.count("|") - 2)]
     for r in rows:
         cells = [r["case"], f"{r['MB']:.1f}", f"{r['gnext fwd']:.3f}"] + [f"{r[f'x {c} fwd']:.2f}" for c in cols] + \
                 [f"{r['gnext f+b']:.3f}"] + [f"{r[f'x {c} f+b']:.2f}" for c in cols]
-        if args.act:
+        if act:
             cells += [f"{r['gnext act fwd']:.3f}", f"{r['x best act fwd']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     summary = []
@@ -165,15 +178,60 @@ def main():
             vals = [r[f"x {c} {kind}"] for r in rows]
             worst = min(rows, key=lambda r: r[f"x {c} {kind}"])
             gm = math.exp(sum(math.log(v) for v in vals) / len(vals))
-            summary.append(f"vs {c} {kind}: geomean {gm:.2f}x, worst {worst[f'x {c} {kind}']:.2f}x ({worst['case']})")
-    if args.act:
+            losses = sum(v < 1.0 for v in vals)
+            summary.append(f"vs {c} {kind}: geomean {gm:.2f}x, {losses} of {len(vals)} shapes slower, "
+                           f"worst {worst[f'x {c} {kind}']:.2f}x ({worst['case']})")
+    if act:
         worst = min(rows, key=lambda r: r["x best act fwd"])
-        summary.append(f"GN+SiLU fwd vs the best of eager/compile/peers: worst {worst['x best act fwd']:.2f}x "
-                       f"({worst['case']})")
-    lines += [""] + [f"- {s}" for s in summary]
-    tag = "sweep" + (f"_{i}of{n}" if n > 1 else "") + ("_smoke" if args.smoke else "")
-    save_results(args.out, tag, meta, rows, "\n".join(lines) + "\n")
+        losses = sum(r["x best act fwd"] < 1.0 for r in rows)
+        summary.append(f"GN+SiLU fwd vs the best of eager/compile/peers: {losses} of {len(rows)} shapes slower, "
+                       f"worst {worst['x best act fwd']:.2f}x ({worst['case']})")
+    lines += ["", "Ratios: other time / gnext time (> 1: gnext faster); times in ms."] + [f"- {s}" for s in summary]
+    save_results(out, tag, meta, rows, "\n".join(lines) + "\n", quiet=quiet)
+    plot(rows, cols, act, meta, pathlib.Path(out) / f"{tag}.png")
 
+
+def plot(rows, cols, act, meta, path):
+    """Horizontal bars per shape: gnext's speed-up over the faster of eager and torch.compile, forward and
+    forward+backward, and GN+SiLU forward over the best peer; log scale, 1.0 marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    series = {"GN fwd vs best of " + "/".join(cols): [min(r[f"x {c} fwd"] for c in cols) for r in rows],
+              "GN f+b vs best of " + "/".join(cols): [min(r[f"x {c} f+b"] for c in cols) for r in rows]}
+    if act:
+        series["GN+SiLU fwd vs best peer"] = [r["x best act fwd"] for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.24 * len(rows) * len(series) / 2 + 1.5))
+    h = 0.8 / len(series)
+    for j, (label, vals) in enumerate(series.items()):
+        ax.barh([k + (j - (len(series) - 1) / 2) * h for k in range(len(rows))], vals, h, label=label)
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(rows)), [r["case"] for r in rows], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed-up of gnext (other time / gnext time)")
+    ax.set_title(f"{meta['device']}, torch {meta['torch']}, {meta['date']}", fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def merge(files, out, tag="sweep"):
+    """One table from the JSON of several shards (rows in the sweep's order), ratios recomputed."""
+    data = [json.loads(pathlib.Path(f).read_text()) for f in files]
+    order = {name(*c): k for k, c in enumerate(draw(POOL))}
+    rows = sorted((r for d in data for r in d["rows"]), key=lambda r: order.get(r["case"], len(order)))
+    for r in rows:  # ratios are recomputed from the times
+        for k in [k for k in r if k.startswith("x ")]:
+            del r[k]
+    meta = dict(data[0]["meta"], shard=" + ".join(d["meta"]["shard"] for d in data),
+                date=" / ".join(d["meta"]["date"] for d in data))
+    report(rows, meta, any("gnext act fwd" in r for r in rows), out, tag)
 
 if __name__ == "__main__":
     main()

@@ -70,14 +70,15 @@ def make_inputs(shape, dtype, fmt, device, seed=0):
     return x, w, b, dy
 
 
-def save_results(out_dir, name, meta, rows, md):
+def save_results(out_dir, name, meta, rows, md, quiet=False):
     """Writes <out_dir>/<name>.json ({"meta": meta, "rows": rows}) and <out_dir>/<name>.md, prints the
-    markdown and returns it."""
+    markdown (unless quiet) and returns it."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / f"{name}.md").write_text(md)
-    print()
-    print(md)
+    if not quiet:
+        print()
+        print(md)
     return md
 

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Where a real model's eager step spends its time, original vs converted (gnext), in one process.
 
-For one row of scripts/bench/real_models.py (default: the UNet2DModel bf16 training step):
+For one row of scripts/bench/real_models.py (default: the UNet2DModel bf16 training step), eager
+original vs converted, or with --compiled torch.compile(original) without and with
+enable_compile_fusion():
   * wall time per step, the two variants interleaved over --rounds rounds (median [min..max]);
   * host time per step: the time until the step's Python call returns, the GPU synchronized only
     before (the GPU runs behind, so this is what the host spends enqueuing);
   * a torch.profiler trace of --steps steps per variant: the summed self-CPU time of every op and
     autograd node, the GPU kernel time, and the ops/nodes whose self-CPU time differs most between
-    the variants (GroupNorm-related rows always shown).
-  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3]
+    the variants (GroupNorm-related rows always shown);
+  * the GPU time per step by kernel family (norm: GroupNorm and what Inductor fused into it; conv and
+    GEMM; attention; the rest), which bounds what a faster GroupNorm can gain.
+  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled]
 Diagnostic; the product table comes from scripts/bench/real_models.py."""
 from __future__ import annotations
 
@@ -26,7 +30,19 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT))
 import groupnorm_ext as ge  # noqa: E402
-from real_models import _cast, build, step_fn, wall_ms  # noqa: E402
+from groupnorm_ext import compile_fusion  # noqa: E402
+from real_models import _cast, build, inductor_with_fusion, step_fn, wall_ms  # noqa: E402
+
+# Kernel families by name (CUDA kernels of gnext, cuDNN/CUTLASS, aten, Inductor's Triton kernels).
+FAMILIES = (("norm", ("group_norm", "groupnorm", "gnext", "onepass", "welford", "var_mean")),
+            ("conv/gemm", ("conv", "xmma", "cudnn", "cutlass", "gemm", "sm90_", "nvjet", "implicit", "wgrad",
+                           "dgrad", "fprop")),
+            ("attention", ("flash", "fmha", "attention", "softmax")))
+
+
+def family(name):
+    low = name.lower()
+    return next((f for f, keys in FAMILIES if any(k in low for k in keys)), "other")
 
 
 def host_ms(fn):
@@ -49,12 +65,15 @@ def profile(fn, steps):
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    cpu, count, gpu = defaultdict(float), defaultdict(int), defaultdict(float)
+    cpu, count, gpu, kern = defaultdict(float), defaultdict(int), defaultdict(float), defaultdict(float)
     for ev in prof.key_averages():
         cpu[ev.key] += ev.self_cpu_time_total / steps
         count[ev.key] += ev.count // steps
         gpu[ev.key] += ev.self_device_time_total / steps
-    return cpu, count, gpu
+    for ev in prof.events():  # GPU kernels by name (key_averages also lists the CPU ops that launched them)
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            kern[ev.name] += ev.device_time_total / steps
+    return cpu, count, gpu, kern
 
 
 def main():
@@ -63,6 +82,8 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--compiled", action="store_true",
+                   help="torch.compile(original) without and with enable_compile_fusion() instead of eager")
     args = p.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, row {args.row}")
     model32, inputs32, dtype, fmt, train = build(args.row, "cuda", False)
@@ -70,7 +91,21 @@ def main():
     orig = copy.deepcopy(model32).to(dtype).to(memory_format=fmt)
     conv, counts = ge.convert_group_norm_act(copy.deepcopy(orig), return_counts=True)
     print(f"converted: {counts}")
-    fns = {"eager": step_fn(orig, inputs, train), "gnext": step_fn(conv, inputs, train)}
+    if args.compiled:
+        torch._dynamo.reset()
+        fns = {"eager": step_fn(torch.compile(copy.deepcopy(orig)), inputs, train)}
+        fns["eager"]()
+        before = compile_fusion.compile_fusion_stats["group_norm_act"]
+        ge.enable_compile_fusion()
+        try:
+            fns["gnext"] = step_fn(torch.compile(copy.deepcopy(orig), backend=inductor_with_fusion), inputs, train)
+            fns["gnext"](), fns["gnext"]()
+        finally:
+            ge.disable_compile_fusion()
+        print(f"compiled: 'eager' = torch.compile(original), 'gnext' = with enable_compile_fusion() "
+              f"({compile_fusion.compile_fusion_stats['group_norm_act'] - before} rewrites)")
+    else:
+        fns = {"eager": step_fn(orig, inputs, train), "gnext": step_fn(conv, inputs, train)}
     for f in fns.values():
         for _ in range(3):
             f()
@@ -85,10 +120,18 @@ def main():
         print(f"{v:6s} wall {statistics.median(wall[v]):7.2f} ms [{min(wall[v]):.2f}..{max(wall[v]):.2f}]  "
               f"host (enqueue) {statistics.median(host[v]):7.2f} ms [{min(host[v]):.2f}..{max(host[v]):.2f}]")
     prof = {v: profile(f, args.steps) for v, f in fns.items()}
-    for v, (cpu, count, gpu) in prof.items():
+    for v, (cpu, count, gpu, kern) in prof.items():
+        fam = defaultdict(float)
+        for k, t in kern.items():
+            fam[family(k)] += t
         print(f"{v:6s} per step: self-CPU sum {sum(cpu.values()) / 1e3:7.2f} ms over {sum(count.values())} "
-              f"events; GPU time {sum(gpu.values()) / 1e3:7.2f} ms")
-    (ce, ne, ge_), (cg, ng, gg) = prof["eager"], prof["gnext"]
+              f"events; GPU kernels {sum(kern.values()) / 1e3:7.2f} ms: "
+              + ", ".join(f"{f} {t / 1e3:.2f}" for f, t in sorted(fam.items(), key=lambda kv: -kv[1])))
+    for v, (_, _, _, kern) in prof.items():
+        print(f"\n{v}: top GPU kernels per step")
+        for k, t in sorted(kern.items(), key=lambda kv: -kv[1])[:15]:
+            print(f"  {t:9.0f} us  [{family(k)}] {k[:110]}")
+    (ce, ne, ge_, _), (cg, ng, gg, _) = prof["eager"], prof["gnext"]
     keys = set(ce) | set(cg)
     gn_like = [k for k in keys if any(s in k.lower() for s in ("group_norm", "groupnorm", "gnext", "silu"))]
     diff = sorted(keys, key=lambda k: -abs(cg.get(k, 0) - ce.get(k, 0)))[:args.top]
