@@ -90,18 +90,21 @@ def main():
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     p.add_argument("--smoke", action="store_true", help="CPU, 3 small shapes")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="no run: one table from the JSON of shards")
+    p.add_argument("--match", default="", help="only cases whose name contains this (e.g. 'ResNet'); tag 'sweep_match'")
     args = p.parse_args()
     if args.merge:
         merge(args.merge, args.out)
         return
     dev = "cpu" if args.smoke else "cuda"
     i, n = (int(v) for v in args.shard.split("/"))
-    cases = draw(SMOKE_POOL if args.smoke else POOL)[i::n]
+    cases = [c for c in draw(SMOKE_POOL if args.smoke else POOL)[i::n] if args.match in name(*c)]
+    if not cases:
+        raise SystemExit(f"sweep: no case matches {args.match!r} in shard {args.shard}")
     timer = Timer(dev)
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "shard": args.shard, "timing": "median of CUDA-event-timed calls, L2 flushed before each"}
-    tag = "sweep" + (f"_{i}of{n}" if n > 1 else "") + ("_smoke" if args.smoke else "")
+    tag = "sweep" + (f"_{i}of{n}" if n > 1 else "") + ("_match" if args.match else "") + ("_smoke" if args.smoke else "")
     peers = {}
     if args.act and not args.smoke:
         from peers import load

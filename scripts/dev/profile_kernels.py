@@ -22,6 +22,10 @@ SHAPES = [
     ((16, 512, 128, 128), 32, torch.bfloat16, torch.channels_last),
     ((2, 1280, 16, 16), 32, torch.float16, torch.channels_last),
     ((2, 320, 64, 64), 32, torch.float16, None),
+    ((1, 512, 64, 64), 32, torch.float16, torch.channels_last),  # the VAE's NHWC finalize
+    ((32, 2048, 7, 7), 32, torch.bfloat16, None),  # ResNet-GN: HxW not a multiple of the vector
+    ((32, 1024, 14, 14), 32, torch.float16, None),
+    ((1, 512, 32, 32), 512, torch.bfloat16, torch.channels_last),  # the sweep's worst forward
 ]
 
 
@@ -29,9 +33,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--act", default="silu", help="activation of the group_norm_act rows ('' = none)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--match", default="", help="only shapes whose printed name contains this")
     args = ap.parse_args()
     ops = torch.ops.gnext
     for shape, G, dtype, fmt in SHAPES:
+        title = f"{tuple(shape)} G={G} {str(dtype)[6:]} {'CL' if fmt else 'contiguous'}"
+        if args.match not in title:
+            continue
         x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 2
         if fmt is not None:
             x = x.contiguous(memory_format=fmt)
@@ -44,7 +52,7 @@ def main():
             variants[args.act] = (
                 lambda: ops.group_norm_act(x, G, w, w, 1e-5, args.act, None),
                 lambda m, r: ops.group_norm_act_backward(dy, x, m, r, w, w, G, args.act, [True, True, True]))
-        print(f"== {tuple(shape)} G={G} {str(dtype)[6:]} {'CL' if fmt else 'contiguous'} ({mb:.0f} MB; "
+        print(f"== {title} ({mb:.0f} MB; "
               f"fwd floor {2 * mb / 3000:.3f} ms at 3 TB/s)")
         for onepass in ("1", "0"):
             os.environ["GNEXT_ONEPASS"] = onepass
