@@ -4,11 +4,12 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/dev/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu host models shapes" BUDGET_S=580 \
+#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu host models shapes kernels" BUDGET_S=580 \
 #     bash scripts/dev/device_run.sh
 # test runs pytest with PYTEST_N xdist workers (default 8; 0: none). models: ROWS (default all) of the
 # real-model benchmark; shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
-# (.peers/ from scripts/dev/fetch_peers.sh carried along).
+# (.peers/ from scripts/dev/fetch_peers.sh carried along); kernels: per-kernel times
+# (scripts/dev/profile_kernels.py). MATCH: only the sweep cases / profile shapes whose name contains it.
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
@@ -90,8 +91,13 @@ if has models; then
 fi
 if has shapes; then
   t0=$SECONDS
-  timeout $(( $(left) - 10 )) python3 scripts/bench/sweep.py --act --shard "${SHARD:-0/1}" --out "$OUT" > "$OUT/sweep.log" 2>&1
+  timeout $(( $(left) - 10 )) python3 scripts/bench/sweep.py --act --shard "${SHARD:-0/1}" ${MATCH:+--match "$MATCH"} \
+    --out "$OUT" > "$OUT/sweep.log" 2>&1
   echo "shape sweep rc=$? ($((SECONDS - t0)) s)"; tail -15 "$OUT/sweep.log"
+fi
+if has kernels; then
+  timeout $(( $(left) - 10 )) python3 scripts/dev/profile_kernels.py ${MATCH:+--match "$MATCH"} > "$OUT/profile_kernels.log" 2>&1
+  echo "profile_kernels rc=$?"; grep -E "^== |host time" "$OUT/profile_kernels.log" | head -40
 fi
 if has ncu; then
   OUT=$OUT timeout $(( $(left) )) bash scripts/dev/ncu_gaps.sh
