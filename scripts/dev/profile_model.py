@@ -13,6 +13,7 @@ enable_compile_fusion():
   * the GPU time per step by kernel family (norm: GroupNorm and what Inductor fused into it; conv and
     GEMM; attention; the rest), which bounds what a faster GroupNorm can gain.
   python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled]
+                                      [--stacks aten::copy_,aten::empty_strided]
 Diagnostic; the product table comes from scripts/bench/real_models.py."""
 from __future__ import annotations
 
@@ -55,13 +56,24 @@ def host_ms(fn):
     return dt
 
 
-def profile(fn, steps):
+def call_sites(prof, op, steps, top=8):
+    """The Python call sites (innermost frames outside torch/) of `op`'s calls, per step, most frequent
+    first: where e.g. the extra aten::copy_ of a converted model come from."""
+    sites = defaultdict(int)
+    for ev in prof.events():
+        if ev.name == op and ev.stack:
+            frames = [f for f in ev.stack if "/torch/" not in f][:3]
+            sites[" <- ".join(frames) or ev.stack[0]] += 1
+    return [(n / steps, site) for site, n in sorted(sites.items(), key=lambda kv: -kv[1])[:top]]
+
+
+def profile(fn, steps, stacks=()):
     from torch.profiler import ProfilerActivity, profile as tprofile
 
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
-    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=bool(stacks)) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
@@ -73,6 +85,10 @@ def profile(fn, steps):
     for ev in prof.events():  # GPU kernels by name (key_averages also lists the CPU ops that launched them)
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
             kern[ev.name] += ev.device_time_total / steps
+    for op in stacks:
+        print(f"  call sites of {op} per step:")
+        for n, site in call_sites(prof, op, steps):
+            print(f"    {n:6.1f}  {site[:200]}")
     return cpu, count, gpu, kern
 
 
@@ -82,6 +98,7 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--stacks", default="", help="comma-separated ops (e.g. aten::copy_) whose Python call sites to list")
     p.add_argument("--compiled", action="store_true",
                    help="torch.compile(original) without and with enable_compile_fusion() instead of eager")
     args = p.parse_args()
@@ -119,7 +136,12 @@ def main():
     for v in fns:
         print(f"{v:6s} wall {statistics.median(wall[v]):7.2f} ms [{min(wall[v]):.2f}..{max(wall[v]):.2f}]  "
               f"host (enqueue) {statistics.median(host[v]):7.2f} ms [{min(host[v]):.2f}..{max(host[v]):.2f}]")
-    prof = {v: profile(f, args.steps) for v, f in fns.items()}
+    stacks = [o for o in args.stacks.split(",") if o]
+    prof = {}
+    for v, f in fns.items():
+        if stacks:
+            print(f"{v}:")
+        prof[v] = profile(f, args.steps, stacks)
     for v, (cpu, count, gpu, kern) in prof.items():
         fam = defaultdict(float)
         for k, t in kern.items():
