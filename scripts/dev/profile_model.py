@@ -61,9 +61,14 @@ def call_sites(prof, op, steps, top=8):
     first: where e.g. the extra aten::copy_ of a converted model come from."""
     sites = defaultdict(int)
     for ev in prof.events():
-        if ev.name == op and ev.stack:
-            frames = [f for f in ev.stack if "/torch/" not in f][:3]
-            sites[" <- ".join(frames) or ev.stack[0]] += 1
+        if ev.name != op:
+            continue
+        frames, p = list(ev.stack or []), ev.cpu_parent  # older torch: ev.stack; newer: Python-frame parents
+        while p is not None:
+            frames.append(p.name)
+            p = p.cpu_parent
+        frames = [f for f in frames if "): " in f and "torch/" not in f][:3]
+        sites[" <- ".join(frames) or "?"] += 1
     return [(n / steps, site) for site, n in sorted(sites.items(), key=lambda kv: -kv[1])[:top]]
 
 
