@@ -37,7 +37,9 @@ _GN_SIG = inspect.signature(F.group_norm)  # (input, num_groups, weight=None, bi
 _ADDS = (operator.add, torch.add)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
-# Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m}
+# Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m}.
+# A graph that Inductor takes from its caches (FX graph, AOTAutograd) is not passed through the pass
+# again, so its rewrites are not counted: count with the caches off (config force_disable_caches).
 compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0}
 
 

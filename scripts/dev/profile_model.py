@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT))
 import groupnorm_ext as ge  # noqa: E402
 from groupnorm_ext import compile_fusion  # noqa: E402
-from real_models import _cast, build, inductor_with_fusion, step_fn, wall_ms  # noqa: E402
+from real_models import _cast, build, compile_fusion_variant, no_caches, step_fn, wall_ms  # noqa: E402
 
 # Kernel families by name (CUDA kernels of gnext, cuDNN/CUTLASS, aten, Inductor's Triton kernels).
 FAMILIES = (("norm", ("group_norm", "groupnorm", "gnext", "onepass", "welford", "var_mean")),
@@ -120,8 +120,9 @@ def main():
         before = compile_fusion.compile_fusion_stats["group_norm_act"]
         ge.enable_compile_fusion()
         try:
-            fns["gnext"] = step_fn(torch.compile(copy.deepcopy(orig), backend=inductor_with_fusion), inputs, train)
-            fns["gnext"](), fns["gnext"]()
+            fns["gnext"] = step_fn(compile_fusion_variant(copy.deepcopy(orig)), inputs, train)
+            with no_caches():
+                fns["gnext"](), fns["gnext"]()
         finally:
             ge.disable_compile_fusion()
         print(f"compiled: 'eager' = torch.compile(original), 'gnext' = with enable_compile_fusion() "
