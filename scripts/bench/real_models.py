@@ -229,7 +229,7 @@ def run_row(row, dev, smoke, rounds, when, progress):
            "train": train, "iters_per_timing": iters, **info,
            "ms": {v: statistics.median(times[v]) for v in VARIANTS},
            "ms_min": {v: min(times[v]) for v in VARIANTS}, "ms_max": {v: max(times[v]) for v in VARIANTS},
-           "ms_rounds": times, "orders": orders, "paired": paired(times),
+           "ms_rounds": times, "orders": orders,
            "rel_diff_vs_fp32": {v: rel(outs[v].float(), ref) for v in VARIANTS}}
     del fns, orig, conv
     torch._dynamo.reset()
@@ -254,16 +254,14 @@ def write(out_dir, meta, rows, name="real_models"):
                      f"{' / '.join(f'{d[v]:.1e}' for v in VARIANTS)} |")
     lines += ["", "Times: median [min–max] over rounds, ms per call (host + GPU). (x): speed-up over original eager. "
               "rewrites: GroupNorm+activation chains the compile pass rewrote; converted layers per row in the JSON."]
-    have = [r for r in rows if "paired" in r or "ms_rounds" in r]
-    if have:
-        lines += ["", "Per-round ratios (baseline time / variant time within one round): median [min–max], rounds won.", "",
-                  "| model | " + " | ".join(f"{v} vs {b}" for v, b in PAIRS) + " |", "|---|" + "---:|" * len(PAIRS)]
-        for r in have:
-            pr = r.get("paired") or paired(r["ms_rounds"])
-            cells = [f"{q['median']:.3f} [{q['min']:.2f}–{q['max']:.2f}] {q['wins']}/{q['rounds']}"
-                     for q in (pr[f"{v} vs {b}"] for v, b in PAIRS)]
-            order = "random order" if "orders" in r else "rotating order"
-            lines.append(f"| {r['row']} ({order}) | " + " | ".join(cells) + " |")
+    lines += ["", "Per-round ratios (baseline time / variant time within one round): median [min–max], rounds won.", "",
+              "| model | " + " | ".join(f"{v} vs {b}" for v, b in PAIRS) + " |", "|---|" + "---:|" * len(PAIRS)]
+    for r in rows:
+        pr = paired(r["ms_rounds"])
+        cells = [f"{q['median']:.3f} [{q['min']:.2f}–{q['max']:.2f}] {q['wins']}/{q['rounds']}"
+                 for q in (pr[f"{v} vs {b}"] for v, b in PAIRS)]
+        order = "random order" if "orders" in r else "rotating order"
+        lines.append(f"| {r['row']} ({order}) | " + " | ".join(cells) + " |")
     lines += [f"- {r['row']}: {r['note']}" for r in rows if r.get("note")]
     md = "\n".join(lines) + "\n"
     out = pathlib.Path(out_dir)
@@ -295,6 +293,19 @@ def write(out_dir, meta, rows, name="real_models"):
     return md
 
 
+def merge(files, wanted):
+    """(meta, rows) of one table from the JSON of earlier runs: the rows named in `wanted`, in that order,
+    each from the last file that has it; date and timing from the files that contribute rows."""
+    data = [json.loads(pathlib.Path(f).read_text()) for f in files]
+    by_row = {r["row"]: r for d in data for r in d["rows"]}
+    rows = [by_row[w] for w in wanted if w in by_row]
+    parts = [(d, [r["row"] for r in d["rows"] if any(r is x for x in rows)]) for d in data]
+    parts = [(d, names) for d, names in parts if names]
+    meta = dict(data[0]["meta"], date=" / ".join(d["meta"]["date"] for d, _ in parts),
+                timing=" / ".join(f"{d['meta']['timing']} ({', '.join(names)})" for d, names in parts))
+    return meta, rows
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default=",".join(ROWS))
@@ -307,13 +318,7 @@ def main():
                         "(rows run in separate processes or device calls); meta from the first file")
     args = p.parse_args()
     if args.merge:
-        files = [json.loads(pathlib.Path(f).read_text()) for f in args.merge]
-        by_row = {r["row"]: r for f in files for r in f["rows"]}
-        rows = [by_row[r] for r in args.rows.split(",") if r in by_row]
-        used = [f for f in files if any(r in by_row and by_row[r] in f["rows"] for r in args.rows.split(","))]
-        meta = dict(files[0]["meta"], date=" / ".join(f["meta"]["date"] for f in used),
-                    timing=" / ".join(f"{f['meta']['timing']} ({', '.join(r['row'] for r in f['rows'] if by_row[r['row']] is r)})"
-                                      for f in used))
+        meta, rows = merge(args.merge, args.rows.split(","))
         print(write(args.out, meta, rows, args.name))
         return
     dev = "cpu" if args.smoke else "cuda"

@@ -191,7 +191,8 @@ def report(rows, meta, act, out, tag, quiet=False):
                        f"worst {worst['x best act fwd']:.2f}x ({worst['case']})")
     lines += ["", "Ratios: other time / gnext time (> 1: gnext faster); times in ms."] + [f"- {s}" for s in summary]
     save_results(out, tag, meta, rows, "\n".join(lines) + "\n", quiet=quiet)
-    plot(rows, cols, act, meta, pathlib.Path(out) / f"{tag}.png")
+    if not quiet:  # the plot once, with the final table (not after every shape)
+        plot(rows, cols, act, meta, pathlib.Path(out) / f"{tag}.png")
 
 
 def plot(rows, cols, act, meta, path):
@@ -225,16 +226,15 @@ def plot(rows, cols, act, meta, path):
 
 
 def merge(files, out, tag="sweep"):
-    """One table from the JSON of several shards (rows in the sweep's order), ratios recomputed."""
+    """One table from the JSON of several shards (rows in the sweep's order); report() recomputes the
+    ratios from the times."""
     data = [json.loads(pathlib.Path(f).read_text()) for f in files]
     order = {name(*c): k for k, c in enumerate(draw(POOL))}
     rows = sorted((r for d in data for r in d["rows"]), key=lambda r: order.get(r["case"], len(order)))
-    for r in rows:  # ratios are recomputed from the times
-        for k in [k for k in r if k.startswith("x ")]:
-            del r[k]
     meta = dict(data[0]["meta"], shard=" + ".join(d["meta"]["shard"] for d in data),
                 date=" / ".join(d["meta"]["date"] for d in data))
     report(rows, meta, any("gnext act fwd" in r for r in rows), out, tag)
+
 
 if __name__ == "__main__":
     main()
