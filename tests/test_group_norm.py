@@ -205,6 +205,13 @@ ONEPASS_CASES = [
     ((4, 256, 8, 8), 2, None),  # HxW = 64: a group per CTA
     ((2, 320, 64, 64), 32, None),  # a group per CTA, no waits
     ((3, 24, 1000), 6, None),  # 3D
+    # ragged forward: HxW not a multiple of the vector, D*HxW is, at least a group per SM (N*G >= 132 on
+    # the H100); whole-group tiles (backward: two-pass)
+    ((32, 256, 7, 7), 32, None),  # ResNet-GN 7x7: D*HxW = 392
+    ((12, 192, 33, 33), 12, None),  # odd HxW, D = 16
+    ((48, 24, 5, 3), 3, None),  # HxW = 15 < 8: a vector spans two channels
+    ((72, 16, 3), 2, None),  # HxW = 3: a vector spans three or four channels
+    ((4, 96, 33, 33), 6, None),  # 24 groups: too few for the ragged plan, two-pass
     # NHWC (one wave only): units of cb channels (whole groups) x pixel-row tiles
     ((2, 320, 64, 64), 32, CL),  # D = 10: few units split over CTAs that wait on each other
     ((16, 512, 64, 64), 32, CL),  # too large for one wave: two-pass kernels on both settings
@@ -252,6 +259,19 @@ def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels):
     bwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True]))
     assert len(fwd) == fwd_kernels and "onepass_n" in fwd[0], fwd
     assert len(bwd) == bwd_kernels and any("onepass_n" in k for k in bwd), bwd
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_ragged_forward_is_one_launch(dtype):
+    """ResNet-GN 7x7 (HxW = 49, not a multiple of the vector): the forward runs the vectorized one-pass
+    kernel (whole-group tiles), not the scalar two-pass kernels; with GNEXT_ONEPASS=0 the two-pass ones."""
+    x = rand_input((32, 256, 7, 7), dtype, "cuda")
+    w = torch.rand(256, device="cuda", dtype=dtype) + 0.5
+    fwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, w, w, 1e-5))
+    assert len(fwd) == 1 and "onepass_nchw" in fwd[0], fwd
+    act = _cuda_kernels(lambda: torch.ops.gnext.group_norm_act(x, 32, w, w, 1e-5, "silu", x))
+    assert len(act) == 1 and "onepass_nchw" in act[0], act
 
 
 @pytest.mark.gpu

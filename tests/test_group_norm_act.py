@@ -75,6 +75,7 @@ def test_matches_float64_reference(device, act, dtype, fmt):
     ((1, 32, 96, 96), 8, None),      # few groups: split over many CTAs
     ((2, 320, 16, 16), 32, CL),      # NHWC (two-pass kernels: the NHWC one-pass has no epilogue)
     ((2, 64, 33, 35), 16, None),     # rows not 16-byte aligned: scalar path
+    ((12, 192, 33, 33), 12, None),   # ragged one-pass forward (D*HxW a multiple of 8), two-pass backward
 ])
 def test_kernel_paths(onepass, act, shape, G, fmt, monkeypatch):
     monkeypatch.setenv("GNEXT_ONEPASS", onepass)

@@ -14,6 +14,10 @@
 //  * NHWC 16x512x128x128 bf16 channels_last: V = 8, C / V = 64 vectors per pixel row -> tpr = 64
 //    threads across a row, rpi = 4 rows at once (256 threads); K = max(ceil(528 / 16), ceil(16384 /
 //    2048)) = 33 chunks of 497 rows per image (528 CTAs).
+//  * NCHW 32x2048x7x7 bf16, G = 32 (ResNet-GN's last stage): HxW = 49 is not a multiple of V = 8 but
+//    D*HxW = 64 * 49 = 3136 is, and N*G = 1024 groups >= 132 SMs: the "ragged" one-pass forward,
+//    1024 whole-group tiles of 3136 elements (6 KB) streamed through 264 CTAs (about 4 each), no waits.
+//    Its backward runs the two-pass kernels, scalar (V = 1).
 // Defaults of the one-pass knobs come from scripts/dev/onepass_sweep.py (docs/kernels.md).
 #pragma once
 #include <algorithm>
@@ -165,7 +169,13 @@ inline int env_int(const char* name, int dflt) {
 inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
                                                 std::initializer_list<const void*> ptrs) {
   if (env_int("GNEXT_ONEPASS", 1) == 0) return std::nullopt;
-  const int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
+  int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
+  // NCHW forward, HxW not a multiple of the vector (ResNet-GN 7x7, 14x14; odd maps): a group is still
+  // D*HxW contiguous elements, so whole-group tiles are vectorizable when D*HxW is ("ragged" tiles).
+  // The two-pass kernels would run scalar. The backward's per-channel sums need channel-aligned
+  // vectors: two-pass there.
+  const bool ragged = V == 1 && !nhwc && !bwd && vector_width(t, p.D * p.HxW, ptrs) > 1;
+  if (ragged) V = vector_width(t, p.D * p.HxW, ptrs);
   if (V == 1) return std::nullopt;
   const DeviceProps* prop = &device_props();
   const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", 2), 1, 4);
@@ -213,6 +223,10 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
           g.T = p.D * g.sub;
         }
       }
+      // Ragged: whole-group tiles only, and at least a group per SM (fewer groups leave SMs idle where
+      // the scalar two-pass kernels spread the rows over every SM; not yet measured on both sides).
+      if (ragged && (g.T != 1 || U < prop->multiProcessorCount)) return std::nullopt;
+      g.ragged = ragged;
       const int64_t tiles = g.units * g.T;
       g.grid = static_cast<unsigned>(std::min(tiles, slots));
       if (g.T > g.grid || (nbuf == 1 && tiles > g.grid)) return std::nullopt;

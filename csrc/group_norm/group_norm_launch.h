@@ -67,6 +67,9 @@ struct OnePassGeometry {
   size_t smem;    // dynamic shared memory bytes
   bool nhwc;      // NHWC: units of cb channels (whole groups), tiles of `rows` pixels x cb
   int64_t cb, rows;
+  // NCHW forward whose HxW is not a multiple of vec while D*HxW is: each tile is a whole group
+  // (T == 1), vectors may straddle two or more channels, and the finish finds each element's channel.
+  bool ragged;
 };
 // Pointwise extension of the kernels (common/pointwise.h), one `mode` = pw_mode(pre, act):
 //  * prologue: normalize a = pre(x + bias[c]) instead of x; the backward's grad_out is the gradient

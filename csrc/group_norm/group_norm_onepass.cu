@@ -47,7 +47,11 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
         return go(std::integral_constant<int, 2 * B>{}, onepass_nhwc_kernel<T, V, B>, p.C, p.G, p.D, p.HxW,
                   g.units * g.T);
       }
-      const FastDivmod hwv = g.cpt > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod();
+      // Channel of a vector (ragged: of an element) within a multi-channel tile.
+      if (g.ragged && (B || pw_pre(a.pw.mode) != kPreNone)) return cudaErrorInvalidValue;  // forward epilogues only
+      const FastDivmod hwv = g.ragged    ? FastDivmod(static_cast<uint32_t>(p.HxW))
+                             : g.cpt > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V))
+                                         : FastDivmod();
       return with_pw(a.pw.mode, [&](auto pp) {
         constexpr int P = decltype(pp)::value;
         return go(std::integral_constant<int, 2 * B + 1 + 4 * P>{}, onepass_nchw_kernel<T, V, B, P>, p.G, p.D,

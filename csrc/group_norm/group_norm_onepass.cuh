@@ -270,15 +270,33 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
       float scale = rstd * load_param(a.gamma, a.wt, c0, 1.f), shift = load_param(a.beta, a.wt, c0, 0.f);
 #pragma unroll 4
       for (uint32_t v = tid; v < nvec; v += blockDim.x) {
-        if (t.nch > 1) {
-          const int64_t c = c0 + hwv.div(v);
-          scale = rstd * load_param(a.gamma, a.wt, c, 1.f);
-          shift = load_param(a.beta, a.wt, c, 0.f);
-        }
         float xv[V];
         lds_vec<T, V>(sx + v * V, xv);  // x, or the prologue's a (written by publish)
+        if (geo.ragged) {
+          // Whole-group tile, HxW not a multiple of V: a vector's elements may lie in several channels.
+          const uint32_t cf = hwv.div(v * V), cl = hwv.div(v * V + V - 1);
+          scale = rstd * load_param(a.gamma, a.wt, c0 + cf, 1.f);
+          shift = load_param(a.beta, a.wt, c0 + cf, 0.f);
+          if (cf == cl) {
 #pragma unroll
-        for (int e = 0; e < V; ++e) xv[e] = act_apply<A>(fmaf(xv[e] - mu, scale, shift));
+            for (int e = 0; e < V; ++e) xv[e] = act_apply<A>(fmaf(xv[e] - mu, scale, shift));
+          } else {
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+              const int64_t c = c0 + hwv.div(v * V + e);
+              xv[e] = act_apply<A>(fmaf(xv[e] - mu, rstd * load_param(a.gamma, a.wt, c, 1.f),
+                                        load_param(a.beta, a.wt, c, 0.f)));
+            }
+          }
+        } else {
+          if (t.nch > 1) {
+            const int64_t c = c0 + hwv.div(v);
+            scale = rstd * load_param(a.gamma, a.wt, c, 1.f);
+            shift = load_param(a.beta, a.wt, c, 0.f);
+          }
+#pragma unroll
+          for (int e = 0; e < V; ++e) xv[e] = act_apply<A>(fmaf(xv[e] - mu, scale, shift));
+        }
         if (a.pw.residual != nullptr) {
           float rv[V];
           load_vec<T, V>(static_cast<const T*>(a.pw.residual) + t.start + v * V, rv);
