@@ -207,12 +207,26 @@ __global__ void __launch_bounds__(256)
   __shared__ WelfordState scratch[33];
   const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, D = C / G;
   const WelfordState* p = partial + n * L.s_n + g * D * L.s_c;
+  // Consecutive threads read consecutive states: along k for NCHW partials (s_k == 1), along the
+  // channel for NHWC ones (s_c == 1, k strided by C). Four loads in flight per thread before merging.
   WelfordState s = WelfordOp::identity();
-  for (int64_t j = threadIdx.x; j < D * L.K; j += blockDim.x) {
-    const int64_t d = j / L.K, k = j - d * L.K;
-    WelfordState q = p[d * L.s_c + k * L.s_k];
-    if (shift) q.mean += shift[g * D + d];
-    s = welford_merge(s, q);
+  const int64_t total = D * L.K;
+  const bool channel_fastest = L.s_c == 1 && L.s_k != 1;
+  constexpr int kLoads = 4;
+  for (int64_t j0 = threadIdx.x; j0 < total; j0 += kLoads * blockDim.x) {
+    WelfordState q[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t j = j0 + u * blockDim.x;
+      q[u] = WelfordOp::identity();
+      if (j < total) {
+        const int64_t d = channel_fastest ? j % D : j / L.K, k = channel_fastest ? j / D : j % L.K;
+        q[u] = p[d * L.s_c + k * L.s_k];
+        if (shift) q[u].mean += shift[g * D + d];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) s = welford_merge(s, q[u]);
   }
   s = block_reduce<WelfordOp>(s, scratch);
   const float var = fmaxf(s.m2 / s.n, 0.f);
