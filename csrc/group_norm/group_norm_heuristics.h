@@ -174,8 +174,9 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   // D*HxW contiguous elements, so whole-group tiles are vectorizable when D*HxW is ("ragged" tiles).
   // The two-pass kernels would run scalar. The backward's per-channel sums need channel-aligned
   // vectors: two-pass there.
-  const bool ragged = V == 1 && !nhwc && !bwd && vector_width(t, p.D * p.HxW, ptrs) > 1;
-  if (ragged) V = vector_width(t, p.D * p.HxW, ptrs);
+  const int Vg = V == 1 && !nhwc && !bwd ? vector_width(t, p.D * p.HxW, ptrs) : 1;
+  const bool ragged = Vg > 1;
+  if (ragged) V = Vg;
   if (V == 1) return std::nullopt;
   const DeviceProps* prop = &device_props();
   const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", 2), 1, 4);
