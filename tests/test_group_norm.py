@@ -212,7 +212,9 @@ ONEPASS_CASES = [
     ((48, 24, 5, 3), 3, None),  # HxW = 15 < 8: a vector spans two channels
     ((72, 16, 3), 2, None),  # HxW = 3: a vector spans three or four channels
     ((4, 96, 33, 33), 6, None),  # 24 groups: too few for the ragged plan, two-pass
-    # NHWC (one wave only): units of cb channels (whole groups) x pixel-row tiles
+    # NHWC (one wave only; by default only where it pays: <= 16 tiles per unit, >= 4 MB; the small
+    # ones below run it with GNEXT_ONEPASS=2): units of cb channels (whole groups) x pixel-row tiles
+    ((2, 1280, 32, 32), 32, CL),  # 16 units of 160 channels x 16 tiles each (taken by default)
     ((2, 320, 64, 64), 32, CL),  # D = 10: few units split over CTAs that wait on each other
     ((16, 512, 64, 64), 32, CL),  # too large for one wave: two-pass kernels on both settings
     ((1, 128, 256, 256), 32, CL),  # D = 4: two units over all CTAs
@@ -223,7 +225,7 @@ ONEPASS_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("onepass", ["1", "0"])
+@pytest.mark.parametrize("onepass", ["2", "1", "0"])  # 2: NHWC one-pass even where the heuristic skips it
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", ONEPASS_CASES, ids=_ids)
 def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
@@ -246,9 +248,9 @@ def _cuda_kernels(fn):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,G,dtype,fmt,fwd_kernels,bwd_kernels", [
     ((2, 320, 64, 64), 32, torch.float16, None, 1, 2),  # small: one launch forward, two backward
-    ((2, 320, 64, 64), 32, torch.float16, CL, 1, 2),  # (+ a memset of the counters)
+    ((2, 1280, 32, 32), 32, torch.float16, CL, 1, 2),  # (+ a memset of the counters)
     ((4, 32, 512, 512), 8, torch.float32, None, 1, 2),
-    ((4, 512, 32, 32), 32, torch.bfloat16, CL, 1, 2),
+    ((2, 1280, 32, 32), 32, torch.float32, CL, 1, 2),
 ])
 def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels):
     x = rand_input(shape, dtype, "cuda", memory_format=fmt)
@@ -278,9 +280,11 @@ def test_gpu_ragged_forward_is_one_launch(dtype):
 @pytest.mark.parametrize("shape,G,fmt", [((4, 32, 512, 512), 8, None), ((16, 64, 96, 96), 8, None),
                                          ((2, 320, 64, 64), 32, None), ((2, 64, 96, 96), 8, None),
                                          ((16, 512, 32, 32), 32, CL), ((1, 128, 256, 256), 32, CL)], ids=str)
-def test_gpu_cuda_graph_replay(shape, G, fmt):
+def test_gpu_cuda_graph_replay(shape, G, fmt, monkeypatch):
     """Forward + backward captured in a CUDA graph (memset of the counters and cooperative
-    launches included) give the same bits on replay as eagerly, for fresh inputs copied in."""
+    launches included) give the same bits on replay as eagerly, for fresh inputs copied in.
+    GNEXT_ONEPASS=2: the channels_last shapes take the NHWC one-pass kernel too."""
+    monkeypatch.setenv("GNEXT_ONEPASS", "2")
     x = rand_input(shape, torch.float32, "cuda", memory_format=fmt)
     w = torch.rand(shape[1], device="cuda") + 0.5
     b = torch.randn(shape[1], device="cuda")

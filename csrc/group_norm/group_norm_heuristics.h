@@ -162,7 +162,8 @@ inline int env_int(const char* name, int dflt) {
 
 // One-pass plan (see OnePassGeometry in group_norm_launch.h), or nullopt when the two-pass
 // kernels must run: rows (HxW for NCHW, C for NHWC) not 16-byte aligned, a group (NHWC: a block
-// of whole groups) too large to be held in shared memory across the grid, or GNEXT_ONEPASS=0.
+// of whole groups) too large to be held in shared memory across the grid, an NHWC plan that would
+// not pay (below; GNEXT_ONEPASS=2 takes it anyway), or GNEXT_ONEPASS=0.
 // Tuning knobs (environment, for measurements): GNEXT_ONEPASS_CTAS (CTAs per SM, default 2),
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
@@ -238,7 +239,8 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
     // tile each, no inter-CTA waits. Otherwise stream tiles through `stages` (else 2) stages.
     if (avail <= 0) return std::nullopt;
     if (4 * U <= slots)
-      if (auto g = make(1, std::min(avail / bytes, round_up(ceil_div(L, slots / U), V)))) return g;
+      // NHWC: the cap in whole pixel rows, rounded up (rounding down could give more tiles than slots).
+      if (auto g = make(1, std::min(avail / bytes, round_up(ceil_div(L, slots / U), nhwc ? cb : V)))) return g;
     if (U <= slots)
       if (auto g = make(1, avail / bytes)) return g;
     // NHWC streamed through stages measured slower than the two-pass kernels (UNet
@@ -250,10 +252,21 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
     return std::nullopt;
   };
   if (!nhwc) return plan(0);
+  // NHWC one-pass pays only with few tiles per unit over a few MB. H100, fp16/bf16 channels_last,
+  // 2026-11-23 (bench_results/profile_nhwc_onepass_h100.log), forward kernel µs one-pass / two-pass:
+  // won at 2x1280x32x32 (T = 16 tiles per unit, 5 MB: 21.7 / 31.3) and 2x640x64x64 (T = 33, 10 MB:
+  // 25.1 / 30.6); lost at 4x512x64x64 (T = 33, 17 MB: 32.1 / 29.2), 8x256x32x32 (T = 32: 30.4 / 13.2),
+  // 2x320x64x64 (T = 66: 31.1 / 21.2), 1x512x64x64 (T = 128: 41.8 / 18.8), 1x256x128x128 (T = 261:
+  // 93.8 / 25.7) and under 4 MB (2x1280x16x16, T = 16: 20.2 / 12.5). Rule: T <= 16 and >= 4 MiB.
+  auto pays = [&](const std::optional<OnePassGeometry>& g) -> std::optional<OnePassGeometry> {
+    if (!g || env_int("GNEXT_ONEPASS", 1) == 2) return g;  // 2: wherever it fits (tests, measurements)
+    if (g->T > 16 || p.N * p.C * p.HxW * esize < (int64_t{4} << 20)) return std::nullopt;
+    return g;
+  };
   // NHWC: blocks of whole groups with rows of 16-byte multiples and at most `threads` channels (a
   // thread per channel in the finish). The widest block that fits wins (longer contiguous pieces
   // of each pixel row); blocks under 128 bytes per row only when nothing wider fits. Only plans
-  // whose tiles all fit one wave of CTAs (small tensors, e.g. SD 2x640x64x64) are used.
+  // whose tiles all fit one wave of CTAs are used (the streamed NHWC plan lost, above).
   int64_t narrow = 0;
   for (int64_t cb = std::min<int64_t>(p.C, threads) / p.D * p.D; cb >= p.D; cb -= p.D) {
     if (p.C % cb != 0 || (cb * esize) % 16 != 0) continue;
@@ -261,9 +274,9 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
       if (narrow == 0) narrow = cb;  // the widest narrow block
       continue;
     }
-    if (auto g = plan(cb)) return g;
+    if (auto g = plan(cb)) return pays(g);
   }
-  return narrow > 0 ? plan(narrow) : std::nullopt;
+  return narrow > 0 ? pays(plan(narrow)) : std::nullopt;
 }
 
 }  // namespace gn

@@ -29,14 +29,52 @@ SHAPES = [
 ]
 
 
+def parse_shape(text):
+    """'2,1280,16,16:32:float16:cl' -> ((2, 1280, 16, 16), 32, torch.float16, torch.channels_last)."""
+    dims, G, dtype, *cl = text.split(":")
+    shape = tuple(int(d) for d in dims.split(","))
+    fmt = ({4: torch.channels_last, 5: torch.channels_last_3d}[len(shape)]) if cl else None
+    return shape, int(G), getattr(torch, dtype), fmt
+
+
+def kernel_us(fn, reps):
+    """Summed CUDA kernel time of one fn() call (µs), from the profiler over `reps` calls."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(ev.device_time_total for ev in prof.key_averages()) / reps
+
+
+def summary(title, mb, variants, reps, settings):
+    """One line: forward and backward kernel time (µs) of every variant under each GNEXT_ONEPASS setting."""
+    cells = []
+    for name, (fwd, bwd) in variants.items():
+        for onepass in settings:
+            os.environ["GNEXT_ONEPASS"] = onepass
+            _, m, r = fwd()
+            for _ in range(2):
+                fwd(), bwd(m, r)
+            cells.append(f"{name}/{onepass} {kernel_us(fwd, reps):7.1f} {kernel_us(lambda: bwd(m, r), reps):7.1f}")
+    os.environ.pop("GNEXT_ONEPASS")
+    print(f"{title:<44s} {mb:7.1f} MB | fwd bwd us: " + " | ".join(cells))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--act", default="silu", help="activation of the group_norm_act rows ('' = none)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--match", default="", help="only shapes whose printed name contains this")
+    ap.add_argument("--shape", action="append", default=[], metavar="N,C,H[,W[,D]]:G:DTYPE[:cl]",
+                    help="profile these shapes instead of the built-in list (repeatable), e.g. 2,1280,16,16:32:float16:cl")
+    ap.add_argument("--summary", action="store_true",
+                    help="one line per shape: summed kernel time of a forward and of a backward call per variant")
+    ap.add_argument("--onepass", default="1,0",
+                    help="GNEXT_ONEPASS settings to compare (2: NHWC one-pass even where the heuristic skips it)")
     args = ap.parse_args()
     ops = torch.ops.gnext
-    for shape, G, dtype, fmt in SHAPES:
+    for shape, G, dtype, fmt in [parse_shape(s) for s in args.shape] or SHAPES:
         title = f"{tuple(shape)} G={G} {str(dtype)[6:]} {'CL' if fmt else 'contiguous'}"
         if args.match not in title:
             continue
@@ -52,9 +90,12 @@ def main():
             variants[args.act] = (
                 lambda: ops.group_norm_act(x, G, w, w, 1e-5, args.act, None),
                 lambda m, r: ops.group_norm_act_backward(dy, x, m, r, w, w, G, args.act, [True, True, True]))
+        if args.summary:
+            summary(title, mb, variants, args.reps, args.onepass.split(","))
+            continue
         print(f"== {title} ({mb:.0f} MB; "
               f"fwd floor {2 * mb / 3000:.3f} ms at 3 TB/s)")
-        for onepass in ("1", "0"):
+        for onepass in args.onepass.split(","):
             os.environ["GNEXT_ONEPASS"] = onepass
             for name, (fwd, bwd) in variants.items():
                 _, m, r = fwd()
