@@ -8,7 +8,8 @@ them). The worst gnext ratio is printed last.
     python scripts/bench sweep [--shard 0/2] [--no-compile] [--act] [--out bench_results]
     python scripts/bench sweep --smoke      (CPU, 3 small shapes: checks the script)
 
-Timing: timing.Timer (CUDA events, L2 flushed before each call, median). Ratios are peer time / gnext
+Timing: timing.Timer (CUDA events, L2 flushed before each call, median), every variant of a shape once per
+round in a random order, median over --rounds rounds (default 3). Ratios are peer time / gnext
 time (> 1: gnext faster). Shapes (N, C, spatial..., G) come from: SD-1.5 and SDXL UNets at their latent
 sizes (batch 2 for classifier-free guidance), the SD / SDXL VAE decoders, ResNet-50-GN at batch 32,
 video UNets (5-D), audio/sequence models (3-D), a DiT-style wide C with 4x4 pixels, N from 1 to 64, and
@@ -21,6 +22,7 @@ import json
 import math
 import pathlib
 import random
+import statistics
 import sys
 
 import torch
@@ -86,6 +88,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shard", default="0/1", help="i/n: the i-th of n interleaved slices of the sweep")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape (random order each)")
     p.add_argument("--act", action="store_true", help="also GroupNorm+SiLU forward vs eager, compile and the peers")
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     p.add_argument("--smoke", action="store_true", help="CPU, 3 small shapes")
@@ -103,7 +106,10 @@ def main():
     timer = Timer(dev)
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "shard": args.shard, "timing": "median of CUDA-event-timed calls, L2 flushed before each"}
+            "shard": args.shard, "rounds": args.rounds,
+            "timing": f"median over {args.rounds} interleaved rounds (random order) of the median of CUDA-event-timed "
+                      "calls, L2 flushed before each"}
+    rng = random.Random(0)
     tag = "sweep" + (f"_{i}of{n}" if n > 1 else "") + ("_match" if args.match else "") + ("_smoke" if args.smoke else "")
     peers = {}
     if args.act and not args.smoke:
@@ -125,13 +131,10 @@ def main():
             impls["compile"] = torch.compile(F.group_norm, dynamic=False)
         row = {"case": name(src, shape, G, dtype, fmt), "shape": list(shape), "G": G, "dtype": str(dtype)[6:],
                "layout": "channels_last" if fmt is not None else "contiguous", "MB": x.numel() * x.element_size() / 1e6}
+        fns = {}  # key -> (fn, no_grad)
         for k, fn in impls.items():
-            with torch.no_grad():
-                row[f"{k} fwd"] = timer(lambda: fn(x, G, w, b, 1e-5))
-
-            def fb():
-                torch.autograd.grad(fn(xg, G, wg, bg, 1e-5), (xg, wg, bg), dy)
-            row[f"{k} f+b"] = timer(fb)
+            fns[f"{k} fwd"] = (lambda fn=fn: fn(x, G, w, b, 1e-5), True)
+            fns[f"{k} f+b"] = (lambda fn=fn: torch.autograd.grad(fn(xg, G, wg, bg, 1e-5), (xg, wg, bg), dy), False)
         if args.act:
             acts = {"gnext act": lambda: ge.group_norm_act(x, G, w, b, 1e-5, "silu"),
                     "eager act": lambda: F.silu(F.group_norm(x, G, w, b, 1e-5))}
@@ -140,17 +143,35 @@ def main():
                 acts["compile act"] = lambda: cgs(x)
             for pname, pfn in peers.items():
                 acts[f"{pname} act"] = (lambda f=pfn: f(x, w, b, G, 1e-5))
-            with torch.no_grad():
-                for k, fn in acts.items():
-                    try:
-                        row[f"{k} fwd"] = timer(fn)
-                    except Exception as e:  # noqa: BLE001  (a peer that rejects this input: recorded, not fatal)
-                        row[f"{k} fwd"] = None
-                        row[f"{k} error"] = f"{type(e).__name__}: {str(e)[:120]}"
+            fns.update({f"{k} fwd": (fn, True) for k, fn in acts.items()})
+        row.update(time_interleaved(timer, fns, args.rounds, rng, tolerant={f"{p} act fwd" for p in peers}))
         rows.append(row)
-        del x, w, b, dy, xg, wg, bg
+        fns.clear()  # frees the inputs the closures hold before the next shape allocates its own
         report(rows, meta, args.act, args.out, tag, quiet=True)  # after every shape: a time limit loses one
     report(rows, meta, args.act, args.out, tag)
+
+
+def time_interleaved(timer, fns, rounds, rng, tolerant=()):
+    """{key: median ms} of every fn, timed in `rounds` rounds that each time every fn once (timer's
+    median of CUDA-event-timed calls) in a fresh random order, so that a slow phase of the shared host
+    hits all variants alike. A `tolerant` fn that raises (a peer rejecting the input) gets None and
+    '<key> error'; any other error propagates."""
+    times, out = {k: [] for k in fns}, {}
+    for _ in range(rounds):
+        for k in rng.sample(sorted(fns), len(fns)):
+            if f"{k} error" in out:
+                continue
+            fn, no_grad = fns[k]
+            try:
+                with torch.set_grad_enabled(not no_grad):
+                    times[k].append(timer(fn, budget_s=0.4 / rounds))
+            except Exception as e:  # noqa: BLE001  (a peer's rejection is recorded, not fatal)
+                if k not in tolerant:
+                    raise
+                out[f"{k} error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    for k, v in times.items():
+        out[k] = statistics.median(v) if v and f"{k} error" not in out else None
+    return out
 
 
 def report(rows, meta, act, out, tag, quiet=False):
