@@ -67,8 +67,11 @@ def call_sites(prof, op, steps, top=8):
         while p is not None:
             frames.append(p.name)
             p = p.cpu_parent
-        frames = [f for f in frames if "): " in f and "torch/" not in f][:3]
-        sites[" <- ".join(frames) or "?"] += 1
+        py = [f for f in frames if "): " in f and "torch/" not in f][:3]
+        # No Python frame of the model (the autograd engine's thread, or only torch's own frames): the
+        # enclosing ops and autograd nodes name the site instead.
+        ops = [f for f in frames if "): " not in f and not f.startswith("<built-in")][:3]
+        sites[" <- ".join(py) if py else "ops: " + (" <- ".join(ops) or "?")] += 1
     return [(n / steps, site) for site, n in sorted(sites.items(), key=lambda kv: -kv[1])[:top]]
 
 
