@@ -4,12 +4,13 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/dev/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu host models shapes kernels" BUDGET_S=580 \
+#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu host models shapes kernels cudnnprobe" BUDGET_S=580 \
 #     bash scripts/dev/device_run.sh
 # test runs pytest with PYTEST_N xdist workers (default 8; 0: none). models: ROWS (default all) of the
 # real-model benchmark; shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
 # (.peers/ from scripts/dev/fetch_peers.sh carried along); kernels: per-kernel times
-# (scripts/dev/profile_kernels.py). MATCH: only the sweep cases / profile shapes whose name contains it.
+# (scripts/dev/profile_kernels.py); cudnnprobe: scripts/dev/cudnn_fusion_probe.py (.probe/ carried). MATCH:
+# only the sweep cases / profile shapes whose name contains it.
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 STEPS=${STEPS:-build smoke bench test kb}
@@ -82,6 +83,12 @@ fi
 if has host; then
   timeout $(( $(left) )) python3 scripts/dev/host_overhead.py --ops --json "$OUT/host_overhead.json" > "$OUT/host_overhead.log" 2>&1
   echo "host_overhead rc=$?"; grep -v Warn "$OUT/host_overhead.log"
+fi
+if has cudnnprobe; then  # issue 18's cuDNN runtime-fusion lead (wheels in .probe/, carried)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/probe .probe/*.whl > "$OUT/probe_install.log" 2>&1
+  PYTHONPATH=/tmp/probe${PYTHONPATH:+:$PYTHONPATH} timeout $(( $(left) - 10 )) python3 scripts/dev/cudnn_fusion_probe.py \
+    > "$OUT/cudnn_fusion_probe.log" 2>&1
+  echo "cudnn probe rc=$?"; sed -n '/^| graph/,$p' "$OUT/cudnn_fusion_probe.log"
 fi
 if has models; then
   t0=$SECONDS
