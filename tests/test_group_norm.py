@@ -233,6 +233,18 @@ def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=13)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [5, 32, 10000])  # a non-divisor of HxW, a few chunks, one chunk per image
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", [((2, 1280, 16, 16), 32, CL), ((3, 96, 7, 9), 3, CL), ((2, 64, 4, 8, 8), 8, CL3)],
+                         ids=_ids)
+def test_gpu_nhwc_min_rows(case, dtype, rows, monkeypatch):
+    """The two-pass NHWC kernels with the GNEXT_NHWC_MIN_ROWS chunking (fewer, longer chunks)."""
+    monkeypatch.setenv("GNEXT_ONEPASS", "0")
+    monkeypatch.setenv("GNEXT_NHWC_MIN_ROWS", str(rows))
+    run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=17)
+
+
 def _cuda_kernels(fn):
     """Names of the CUDA kernels (not memsets/copies) that fn() launches."""
     fn()

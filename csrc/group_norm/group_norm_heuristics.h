@@ -41,6 +41,11 @@ inline int64_t element_size(ScalarType t) { return t == ScalarType::Float ? 4 : 
 // CTAs to aim for per launch: enough to fill every SM a few times over.
 inline int64_t target_ctas() { return 4 * static_cast<int64_t>(device_props().multiProcessorCount); }
 
+inline int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' ? std::atoi(v) : dflt;
+}
+
 // Widest vector (elements per 16-byte access) when rows have `inner` elements and every pointer
 // is 16-byte aligned; 1 otherwise.
 inline int vector_width(ScalarType t, int64_t inner, std::initializer_list<const void*> ptrs) {
@@ -101,6 +106,13 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
   if (nhwc) {
     const NhwcSplit s = nhwc_split(p, V);
     g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk, g.K = s.K;
+    // Measurement knob, off by default: chunks of at least GNEXT_NHWC_MIN_ROWS pixel rows. With few rows
+    // per image the split above gives chunks of 4 rows (2x1280x16x16: K = 64), whose N*K*C partials
+    // (12 bytes each: 2 MB) outweigh the 1.3 MB input, and the finalize that merges them takes 7 us.
+    if (const int64_t min_rows = env_int("GNEXT_NHWC_MIN_ROWS", 0); min_rows > 0 && g.chunk < min_rows) {
+      g.chunk = std::min(p.HxW, min_rows);
+      g.K = ceil_div(p.HxW, g.chunk);
+    }
     g.smem = static_cast<size_t>(g.rpi) * p.C * state_bytes;
     return g;
   }
@@ -153,11 +165,6 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
   const int V = vector_width(x.scalar_type(), p.C, ptrs);
   const ReduceGeometry g = reduce_geometry(p, true, V, state_bytes);
   return g.smem <= device_props().sharedMemPerBlockOptin;
-}
-
-inline int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] != '\0' ? std::atoi(v) : dflt;
 }
 
 // One-pass plan (see OnePassGeometry in group_norm_launch.h), or nullopt when the two-pass

@@ -47,17 +47,25 @@ def kernel_us(fn, reps):
     return sum(ev.device_time_total for ev in prof.key_averages()) / reps
 
 
-def summary(title, mb, variants, reps, settings):
-    """One line: forward and backward kernel time (µs) of every variant under each GNEXT_ONEPASS setting."""
+def summary(title, mb, variants, reps, settings, env=""):
+    """One line: forward and backward kernel time (µs) of every variant under each GNEXT_ONEPASS setting
+    (and each value of the knob in env, 'NAME=V1,V2')."""
+    knob, values = env.split("=") if env else ("", "")
     cells = []
     for name, (fwd, bwd) in variants.items():
         for onepass in settings:
-            os.environ["GNEXT_ONEPASS"] = onepass
-            _, m, r = fwd()
-            for _ in range(2):
-                fwd(), bwd(m, r)
-            cells.append(f"{name}/{onepass} {kernel_us(fwd, reps):7.1f} {kernel_us(lambda: bwd(m, r), reps):7.1f}")
+            for value in values.split(","):
+                os.environ["GNEXT_ONEPASS"] = onepass
+                if knob:
+                    os.environ[knob] = value
+                _, m, r = fwd()
+                for _ in range(2):
+                    fwd(), bwd(m, r)
+                label = f"{name}/{onepass}" + (f"/{value}" if knob else "")
+                cells.append(f"{label} {kernel_us(fwd, reps):7.1f} {kernel_us(lambda: bwd(m, r), reps):7.1f}")
     os.environ.pop("GNEXT_ONEPASS")
+    if knob:
+        os.environ.pop(knob)
     print(f"{title:<44s} {mb:7.1f} MB | fwd bwd us: " + " | ".join(cells))
 
 
@@ -72,6 +80,9 @@ def main():
                     help="one line per shape: summed kernel time of a forward and of a backward call per variant")
     ap.add_argument("--onepass", default="1,0",
                     help="GNEXT_ONEPASS settings to compare (2: NHWC one-pass even where the heuristic skips it)")
+    ap.add_argument("--env", default="", metavar="NAME=V1,V2",
+                    help="with --summary: also compare these values of one more environment knob "
+                         "(e.g. GNEXT_NHWC_MIN_ROWS=0,16,32)")
     args = ap.parse_args()
     ops = torch.ops.gnext
     for shape, G, dtype, fmt in [parse_shape(s) for s in args.shape] or SHAPES:
@@ -91,7 +102,7 @@ def main():
                 lambda: ops.group_norm_act(x, G, w, w, 1e-5, args.act, None),
                 lambda m, r: ops.group_norm_act_backward(dy, x, m, r, w, w, G, args.act, [True, True, True]))
         if args.summary:
-            summary(title, mb, variants, args.reps, args.onepass.split(","))
+            summary(title, mb, variants, args.reps, args.onepass.split(","), args.env)
             continue
         print(f"== {title} ({mb:.0f} MB; "
               f"fwd floor {2 * mb / 3000:.3f} ms at 3 TB/s)")
