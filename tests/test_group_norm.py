@@ -279,7 +279,8 @@ def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gpu_ragged_forward_is_one_launch(dtype):
     """ResNet-GN 7x7 (HxW = 49, not a multiple of the vector): the forward runs the vectorized one-pass
-    kernel (whole-group tiles), not the scalar two-pass kernels; with GNEXT_ONEPASS=0 the two-pass ones."""
+    kernel (whole-group tiles) in one launch, not the scalar two-pass kernels; GroupNorm+SiLU with a
+    residual too."""
     x = rand_input((32, 256, 7, 7), dtype, "cuda")
     w = torch.rand(256, device="cuda", dtype=dtype) + 0.5
     fwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, w, w, 1e-5))

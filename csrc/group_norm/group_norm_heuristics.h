@@ -176,7 +176,8 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
 inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
                                                 std::initializer_list<const void*> ptrs) {
-  if (env_int("GNEXT_ONEPASS", 1) == 0) return std::nullopt;
+  const int onepass = env_int("GNEXT_ONEPASS", 1);
+  if (onepass == 0) return std::nullopt;
   int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
   // NCHW forward, HxW not a multiple of the vector (ResNet-GN 7x7, 14x14; odd maps): a group is still
   // D*HxW contiguous elements, so whole-group tiles are vectorizable when D*HxW is ("ragged" tiles).
@@ -266,7 +267,7 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   // 2x320x64x64 (T = 66: 31.1 / 21.2), 1x512x64x64 (T = 128: 41.8 / 18.8), 1x256x128x128 (T = 261:
   // 93.8 / 25.7) and under 4 MB (2x1280x16x16, T = 16: 20.2 / 12.5). Rule: T <= 16 and >= 4 MiB.
   auto pays = [&](const std::optional<OnePassGeometry>& g) -> std::optional<OnePassGeometry> {
-    if (!g || env_int("GNEXT_ONEPASS", 1) == 2) return g;  // 2: wherever it fits (tests, measurements)
+    if (!g || onepass == 2) return g;  // 2: wherever it fits (tests, measurements)
     if (g->T > 16 || p.N * p.C * p.HxW * esize < (int64_t{4} << 20)) return std::nullopt;
     return g;
   };

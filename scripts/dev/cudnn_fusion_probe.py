@@ -53,22 +53,21 @@ def rel_err(got, ref):
     return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def build(cudnn, handle, x, w, b, form, epilogue, out_hw):
-    """A cuDNN graph for one probe row; returns (graph, {name: graph tensor}) or raises."""
+def build(cudnn, handle, x, w, form, epilogue, out_hw):
+    """A cuDNN graph for one probe row; returns (graph, {name: graph tensor}) or raises. w: the weight in
+    the form's layout (dgrad: ConvTranspose2d's [Cin, C, R, S]; fprop: flipped and transposed, [C, Cin, R, S])."""
     FLOAT = cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=FLOAT, intermediate_data_type=FLOAT, compute_data_type=FLOAT, handle=handle)
-    N, Cin = x.shape[:2]
-    C = w.shape[1]
+    N = x.shape[0]
+    C = w.shape[1] if form == "dgrad" else w.shape[0]
     k = w.shape[2]
     H, W = out_hw
     X = g.tensor(name="x", dim=list(x.shape), stride=list(x.stride()), data_type=FLOAT)
+    Wt = g.tensor(name="w", dim=list(w.shape), stride=list(w.stride()), data_type=FLOAT)
     if form == "dgrad":  # z = conv_dgrad(loss=x, filter=w): the transposed conv, w as [K=Cin, C, R, S]
-        Wt = g.tensor(name="w", dim=list(w.shape), stride=list(w.stride()), data_type=FLOAT)
         Z = g.conv_dgrad(loss=X, filter=Wt, padding=[0, 0], stride=[1, 1], dilation=[1, 1], compute_data_type=FLOAT)
         Z.set_dim([N, C, H, W]).set_stride([C * H * W, 1, W * C, C])
-    else:  # fprop with w' = flip(w).transpose(0, 1) as [C, Cin, R, S], padding k - 1
-        wf = w.flip(2, 3).transpose(0, 1).contiguous(memory_format=torch.channels_last)
-        Wt = g.tensor(name="w", dim=list(wf.shape), stride=list(wf.stride()), data_type=FLOAT)
+    else:  # fprop with w' = flip(w).transpose(0, 1), padding k - 1
         Z = g.conv_fprop(image=X, weight=Wt, padding=[k - 1, k - 1], stride=[1, 1], dilation=[1, 1],
                          compute_data_type=FLOAT)
     t = {"x": X, "w": Wt}
@@ -143,11 +142,12 @@ def main():
     handle = cudnn.create_handle()
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
     rows = []
-    for form in ("dgrad", "fprop"):
+    weights = {"dgrad": w, "fprop": w.flip(2, 3).transpose(0, 1).contiguous(memory_format=cl)}
+    for form, wt in weights.items():
         for epi in ("none", "gelu", "genstats", "reduce_nc"):
             name = f"{form}+{epi}"
             try:
-                g, t = build(cudnn, handle, x, w, b, form, epi, (H, W))
+                g, t = build(cudnn, handle, x, wt, form, epi, (H, W))
             except Exception as e:  # noqa: BLE001  (an unsupported graph is the result of this probe)
                 msg = " ".join(str(e).split())[:300] or type(e).__name__
                 rows.append((name, "not supported", msg))
@@ -156,7 +156,6 @@ def main():
             outs = {k2: torch.empty(N if "nc" in k2 else 1, C, 1, 1, device=dev).contiguous(memory_format=cl)
                     for k2 in t if k2 in sums}
             a = torch.empty(N, C, H, W, device=dev).contiguous(memory_format=cl)
-            wt = w if form == "dgrad" else w.flip(2, 3).transpose(0, 1).contiguous(memory_format=cl)
             pack = {t["x"]: x, t["w"]: wt, t["a"]: a}
             if "b" in t:
                 pack[t["b"]] = b.view(1, C, 1, 1)

@@ -47,6 +47,14 @@ def kernel_us(fn, reps):
     return sum(ev.device_time_total for ev in prof.key_averages()) / reps
 
 
+def warm_up(fwd, bwd):
+    """Two forward+backward calls after a first forward; returns that forward's (mean, rstd)."""
+    _, m, r = fwd()
+    for _ in range(2):
+        fwd(), bwd(m, r)
+    return m, r
+
+
 def summary(title, mb, variants, reps, settings, env=""):
     """One line: forward and backward kernel time (µs) of every variant under each GNEXT_ONEPASS setting
     (and each value of the knob in env, 'NAME=V1,V2')."""
@@ -58,9 +66,7 @@ def summary(title, mb, variants, reps, settings, env=""):
                 os.environ["GNEXT_ONEPASS"] = onepass
                 if knob:
                     os.environ[knob] = value
-                _, m, r = fwd()
-                for _ in range(2):
-                    fwd(), bwd(m, r)
+                m, r = warm_up(fwd, bwd)
                 label = f"{name}/{onepass}" + (f"/{value}" if knob else "")
                 cells.append(f"{label} {kernel_us(fwd, reps):7.1f} {kernel_us(lambda: bwd(m, r), reps):7.1f}")
     os.environ.pop("GNEXT_ONEPASS")
@@ -109,9 +115,7 @@ def main():
         for onepass in args.onepass.split(","):
             os.environ["GNEXT_ONEPASS"] = onepass
             for name, (fwd, bwd) in variants.items():
-                _, m, r = fwd()
-                for _ in range(2):
-                    fwd(), bwd(m, r)
+                m, r = warm_up(fwd, bwd)
                 torch.cuda.synchronize()
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                     for _ in range(args.reps):
