@@ -106,10 +106,18 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
   if (nhwc) {
     const NhwcSplit s = nhwc_split(p, V);
     g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk, g.K = s.K;
-    // Measurement knob, off by default: chunks of at least GNEXT_NHWC_MIN_ROWS pixel rows. With few rows
-    // per image the split above gives chunks of 4 rows (2x1280x16x16: K = 64), whose N*K*C partials
-    // (12 bytes each: 2 MB) outweigh the 1.3 MB input, and the finalize that merges them takes 7 us.
-    if (const int64_t min_rows = env_int("GNEXT_NHWC_MIN_ROWS", 0); min_rows > 0 && g.chunk < min_rows) {
+    // Chunks of at least min(64, HxW / 32) pixel rows where HxW >= 1024. The split above aims at CTA
+    // count alone and cuts images of a few thousand pixels into chunks of 8-16 rows, whose N*K*C
+    // partials (12 bytes each) the finalize must merge. H100, GroupNorm kernel us fwd/bwd, plain
+    // split -> this rule (bench_results/nhwc_min_rows_h100.log): 2x640x64x64 fp16 CL 30.5/29.2 ->
+    // 21.8/29.7 (GN+SiLU 31.4/37.9 -> 23.1/36.4), 2x320x64x64 21.0/17.5 -> 16.8/16.1, 1x512x64x64
+    // 18.7/15.8 -> 14.5/15.5, 4x512x32x32 13.9/14.8 -> 12.8/14.2, 8x320x64x64 bf16 35.0/49.3 ->
+    // 35.1/47.1; the 268 MB maps unchanged. Smaller images keep the split: 2x1280x16x16 took
+    // 12.5/14.4 us with it, 13.2/17.1 with 32-row chunks. GNEXT_NHWC_MIN_ROWS=R overrides (0: the
+    // plain split), for measurements.
+    const int64_t rule = p.HxW >= 1024 ? std::min<int64_t>(64, p.HxW / 32) : 0;
+    if (const int64_t min_rows = env_int("GNEXT_NHWC_MIN_ROWS", static_cast<int>(rule));
+        min_rows > 0 && g.chunk < min_rows) {
       g.chunk = std::min(p.HxW, min_rows);
       g.K = ceil_div(p.HxW, g.chunk);
     }
