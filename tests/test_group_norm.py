@@ -48,12 +48,12 @@ def _params(C, dtype, device, affine, gen):
     return w, b
 
 
-def run_case(shape, G, fmt, dtype, device, affine="same", eps=1e-5, seed=0, backward=True, x=None):
+def run_case(shape, G, fmt, dtype, device, affine="same", eps=1e-5, seed=0, backward=True, x=None, dy_fmt=None):
     gen = torch.Generator().manual_seed(seed)
     if x is None:
         x = rand_input(shape, dtype, device, memory_format=fmt, gen=gen)
     w, b = _params(x.shape[1], dtype, device, affine, gen)
-    dy = rand_input(x.shape, dtype, device, scale=1.0, offset=0.5, memory_format=fmt, gen=gen)
+    dy = rand_input(x.shape, dtype, device, scale=1.0, offset=0.5, memory_format=dy_fmt or fmt, gen=gen)
     nbytes = x.numel() * x.element_size()
 
     poison(device, nbytes)
@@ -110,6 +110,20 @@ def test_non_contiguous_and_unaligned(dtype, device):
     run_case(None, 4, None, dtype, device, x=flat[1:].view(2, 8, 16))  # data pointer not 16-byte aligned
     cl = rand_input((2, 8, 6, 6), dtype, device, memory_format=CL, gen=gen)
     run_case(None, 2, None, dtype, device, x=cl[:, :, 1:, :])  # sliced channels_last
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case,dy_fmt", [
+    (((2, 6, 7, 9), 3, CL), torch.contiguous_format),  # NCHW grad_out of a channels_last input: transposed
+    (((3, 40, 33, 35), 8, CL), torch.contiguous_format),  # C and HxW not multiples of the 32 x 32 tile
+    (((2, 64, 48, 48), 8, CL), torch.contiguous_format),  # the two-pass NHWC backward
+    (((2, 8, 3, 5, 7), 2, CL3), torch.contiguous_format),
+    (((2, 6, 7, 9), 3, None), CL),  # channels_last grad_out of an NCHW input
+], ids=lambda v: _ids(v) if isinstance(v, tuple) else str(v).split(".")[-1])
+def test_grad_out_layout_differs(case, dy_fmt, dtype, device):
+    """The upstream gradient in another layout than the input (a loss or the next op decides it)."""
+    run_case(*case, dtype, device, seed=5, dy_fmt=dy_fmt)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -212,6 +226,9 @@ ONEPASS_CASES = [
     ((48, 24, 5, 3), 3, None),  # HxW = 15 < 8: a vector spans two channels
     ((72, 16, 3), 2, None),  # HxW = 3: a vector spans three or four channels
     ((4, 96, 33, 33), 6, None),  # 24 groups: too few for the ragged plan, two-pass
+    # many small groups (N*G >= 2 per SM, <= 16 KB each): 4 CTAs per SM of 256 threads
+    ((32, 512, 8, 8), 32, None),  # 1024 groups of 16 channels (backward too, fp16/bf16)
+    ((48, 96, 6, 6), 6, None),  # 288 groups; HxW = 36: ragged for fp16/bf16
     # NHWC (one wave only; by default only where it pays: <= 16 tiles per unit, >= 4 MB; the small
     # ones below run it with GNEXT_ONEPASS=2): units of cb channels (whole groups) x pixel-row tiles
     ((2, 1280, 32, 32), 32, CL),  # 16 units of 160 channels x 16 tiles each (taken by default)
@@ -234,14 +251,19 @@ def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [5, 32, 10000])  # a non-divisor of HxW, a few chunks, one chunk per image
+@pytest.mark.parametrize("rows", ["", "0", "5", "32", "10000"])  # the default rule (HxW >= 1024: chunks of
+# min(64, HxW/32) rows), the plain split, a non-divisor of HxW, a few chunks, one chunk per image
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", [((2, 1280, 16, 16), 32, CL), ((3, 96, 7, 9), 3, CL), ((2, 64, 4, 8, 8), 8, CL3)],
-                         ids=_ids)
+@pytest.mark.parametrize("case", [((2, 1280, 16, 16), 32, CL), ((3, 96, 7, 9), 3, CL), ((2, 64, 4, 8, 8), 8, CL3),
+                                  ((2, 96, 33, 37), 12, CL), ((1, 40, 2, 24, 40), 5, CL3)], ids=_ids)
 def test_gpu_nhwc_min_rows(case, dtype, rows, monkeypatch):
-    """The two-pass NHWC kernels with the GNEXT_NHWC_MIN_ROWS chunking (fewer, longer chunks)."""
+    """The two-pass NHWC kernels with the GNEXT_NHWC_MIN_ROWS chunking (fewer, longer chunks); the last
+    two cases have HxW >= 1024 (1221: 38-row chunks, the last one short; 1920: 60-row chunks)."""
     monkeypatch.setenv("GNEXT_ONEPASS", "0")
-    monkeypatch.setenv("GNEXT_NHWC_MIN_ROWS", str(rows))
+    if rows:
+        monkeypatch.setenv("GNEXT_NHWC_MIN_ROWS", rows)
+    else:
+        monkeypatch.delenv("GNEXT_NHWC_MIN_ROWS", raising=False)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=17)
 
 

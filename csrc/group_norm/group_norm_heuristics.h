@@ -179,7 +179,8 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
 // kernels must run: rows (HxW for NCHW, C for NHWC) not 16-byte aligned, a group (NHWC: a block
 // of whole groups) too large to be held in shared memory across the grid, an NHWC plan that would
 // not pay (below; GNEXT_ONEPASS=2 takes it anyway), or GNEXT_ONEPASS=0.
-// Tuning knobs (environment, for measurements): GNEXT_ONEPASS_CTAS (CTAs per SM, default 2),
+// Tuning knobs (environment, for measurements): GNEXT_ONEPASS_CTAS (CTAs per SM, default 2; 4 for
+// many small NCHW groups, below),
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
 inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
@@ -196,12 +197,20 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   if (ragged) V = Vg;
   if (V == 1) return std::nullopt;
   const DeviceProps* prop = &device_props();
-  const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", 2), 1, 4);
+  const int64_t esize = element_size(t);
+  const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
+  // NCHW with many small groups (at least 2 per SM, <= 16 KB of stage bytes each): 4 CTAs per SM of
+  // 256 threads. Each streams its groups one after another, so 2 CTAs of 512 threads left each SM
+  // with two long chains of load -> reduce -> normalize. H100 kernel us, 2 -> 4 CTAs per SM
+  // (bench_results/onepass_ctas_h100.log): forward 32x2048x7x7 bf16 29.2 -> 20.9, 32x1024x14x14
+  // fp16 33.2 -> 22.5, 16x2048x7x7 fp32 16.1 -> 12.2, 32x2048x8x8 bf16 21.6 -> 13.8 (backward
+  // 49.1 -> 45.6), 64x512x4x4 fp16 33.7 -> 17.6 (backward 42.4 -> 32.5). Larger groups lose
+  // (32x512x28x28 fp32, 50 KB: 52.9 -> 56.4), so do few groups (2x1280x8x8 fp16, 64 groups: 7.0 -> 7.3).
+  const bool many_small = !nhwc && p.N * p.G >= 2 * prop->multiProcessorCount && p.D * p.HxW * bytes <= 16384;
+  const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", many_small ? 4 : 2), 1, 4);
   const int stages = std::clamp(env_int("GNEXT_ONEPASS_NBUF", 2), 2, 4);
   const int64_t slots = static_cast<int64_t>(prop->multiProcessorCount) * ctas;  // co-resident CTAs
   const int threads = std::max(128, gn::kOnePassThreads / ctas / 32 * 32);
-  const int64_t esize = element_size(t);
-  const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
   const int64_t per_cta = ctas == 1 ? static_cast<int64_t>(prop->sharedMemPerBlockOptin)
                                     : static_cast<int64_t>(prop->sharedMemPerMultiprocessor) / ctas -
                                           static_cast<int64_t>(prop->reservedSharedMemPerBlock);
