@@ -13,7 +13,8 @@ float32, forward and forward+backward (training), in one process:
             (backward of both: fused GN+GELU backward, then the conv's gradients through ATen)
   conv      cuDNN's conv alone (no bias), for reference
 
-each for NCHW input and for channels_last input (x and the weights in channels_last). TF32 follows
+each for NCHW input and for channels_last input (x and the weights in channels_last), forward+backward
+with the upstream gradient in each layout (NCHW, channels_last). TF32 follows
 PyTorch's default for cuDNN convs (allow_tf32=True) unless --no-tf32. The floor column is the bytes
 the GN part must move at the measured copy bandwidth (read z + write y; f+b adds read z, dy + write dz);
 the op floor is the whole op's forward minimum (read x, write y). --profile adds per-kernel GPU times of
@@ -111,40 +112,66 @@ def main():
         for name, fn in impls.items():
             with torch.no_grad():
                 t_f = timer(lambda: fn(x), min_reps=5, budget_s=0.5)
+            row[name] = {"fwd_ms": t_f, "out_channels_last": fn(x).is_contiguous(memory_format=torch.channels_last)}
+            line = f"  {layout:13s} {name:15s} fwd {t_f:8.3f} ms"
             xg = x.detach().requires_grad_()
-            dy = torch.randn_like(fn(x).detach())
+            params = list(new.parameters() if name in ("gnext", "stage 2") else model.parameters())
+            for glayout, gfmt in (("nchw", torch.contiguous_format), ("channels_last", torch.channels_last)):
+                if name == "conv (no bias)":
+                    break
+                # The upstream gradient in a fixed layout, whatever the layout of the output: a loss or
+                # a following op decides it, not the op.
+                dy = torch.randn_like(fn(x).detach()).contiguous(memory_format=gfmt)
 
-            def fb():
-                y = fn(xg)
-                params = list(new.parameters() if name in ("gnext", "stage 2") else model.parameters())
-                torch.autograd.grad(y, [xg] + params, dy)
+                def fb():
+                    y = fn(xg)
+                    torch.autograd.grad(y, [xg] + params, dy)
 
-            t_fb = timer(fb, min_reps=5, budget_s=0.5) if name != "conv (no bias)" else float("nan")
-            row[name] = {"fwd_ms": t_f, "fwdbwd_ms": t_fb}
-            print(f"  {layout:13s} {name:15s} fwd {t_f:8.3f} ms  f+b {t_fb:8.3f} ms", flush=True)
+                row[name][f"fwdbwd_ms_dy_{glayout}"] = t_fb = timer(fb, min_reps=5, budget_s=0.5)
+                line += f"  f+b (dy {glayout}) {t_fb:8.3f} ms"
+                if args.profile and name in ("gnext", "stage 2"):
+                    row[f"profile {name} dy {glayout}"] = kernel_times(fb)
+            print(line, flush=True)
             if args.profile and name in ("gnext", "stage 2"):
-                row["profile " + name] = {"fwd": kernel_times(lambda: fn(x)), "fwdbwd": kernel_times(fb)}
-                for k, v in row["profile " + name].items():
-                    print(f"    {k}: " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in v), flush=True)
-            del xg, dy
+                row[f"profile {name} fwd"] = kernel_times(lambda: fn(x))
+                for k in [k for k in row if k.startswith(f"profile {name} ")]:
+                    print(f"    {k}: " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in row[k]), flush=True)
+            xg = dy = None  # freed before the next variant
             torch.cuda.empty_cache()
         rows.append(row)
+    nan = {"fwd_ms": float("nan"), "fwdbwd_ms_dy_nchw": float("nan"), "fwdbwd_ms_dy_channels_last": float("nan")}
     lines = [f"Device: {meta['device']} · torch {meta['torch']} (CUDA {meta['cuda']}) · {meta['date']} · "
              f"copy bandwidth {bw:.0f} GB/s · TF32 {'on' if meta['tf32'] else 'off'} (cuDNN conv) · "
              f"input {'x'.join(map(str, meta['shape']))} fp32 · {meta['timing']}", "",
-             "| input layout | eager fwd | compile fwd | gnext fwd | stage 2 fwd | conv alone | gnext fwd x eager "
-             "| x compile | eager f+b | compile f+b | gnext f+b | stage 2 f+b | f+b x eager | x compile "
-             "| op floor fwd | GN floor fwd / f+b |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "Forward, ms:", "",
+             "| input layout | eager | compile | gnext | stage 2 | conv alone | gnext x eager | x compile "
+             "| gnext output | op floor | GN floor |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         e, g, s2, cv = r["eager"], r["gnext"], r["stage 2"], r["conv (no bias)"]
-        cm = r.get("compile", {"fwd_ms": float("nan"), "fwdbwd_ms": float("nan")})
+        cm = r.get("compile", nan)
         lines.append(
             f"| {r['layout']} | {e['fwd_ms']:.2f} | {cm['fwd_ms']:.2f} | {g['fwd_ms']:.2f} | {s2['fwd_ms']:.2f} | "
             f"{cv['fwd_ms']:.2f} | {e['fwd_ms'] / g['fwd_ms']:.2f} | {cm['fwd_ms'] / g['fwd_ms']:.2f} | "
-            f"{e['fwdbwd_ms']:.2f} | {cm['fwdbwd_ms']:.2f} | {g['fwdbwd_ms']:.2f} | {s2['fwdbwd_ms']:.2f} | "
-            f"{e['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | {cm['fwdbwd_ms'] / g['fwdbwd_ms']:.2f} | "
-            f"{r['floor_op_fwd_ms']:.2f} | {r['floor_gn_fwd_ms']:.2f} / {r['floor_gn_fb_ms']:.2f} |")
+            f"{'channels_last' if g['out_channels_last'] else 'nchw'} | {r['floor_op_fwd_ms']:.2f} | "
+            f"{r['floor_gn_fwd_ms']:.2f} |")
+    lines += ["", "Forward + backward (`autograd.grad` of x and the parameters), ms, by the layout of the input "
+              "and of the upstream gradient dy:", "",
+              "| input layout | dy layout | eager | compile | gnext | stage 2 | gnext x eager | x compile | GN floor |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        e, g, s2 = r["eager"], r["gnext"], r["stage 2"]
+        cm = r.get("compile", nan)
+        for gl in ("nchw", "channels_last"):
+            k = f"fwdbwd_ms_dy_{gl}"
+            lines.append(f"| {r['layout']} | {gl} | {e[k]:.2f} | {cm[k]:.2f} | {g[k]:.2f} | {s2[k]:.2f} | "
+                         f"{e[k] / g[k]:.2f} | {cm[k] / g[k]:.2f} | {r['floor_gn_fb_ms']:.2f} |")
+    if args.profile:
+        lines += ["", "gnext's kernels (ms per call, torch.profiler), the five longest:", ""]
+        for r in rows:
+            for k in [k for k in r if k.startswith("profile gnext ")]:
+                lines.append(f"- {r['layout']} input, {k[len('profile gnext '):]}: "
+                             + "; ".join(f"`{n[:50]}` {ms:.3f}" for n, ms in r[k][:5]))
     save_results(args.out, "bench_l2_19", meta, rows, "\n".join(lines) + "\n")
 
 
