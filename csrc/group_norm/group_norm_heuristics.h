@@ -200,7 +200,7 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   const int64_t esize = element_size(t);
   const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
   // NCHW with many small groups (at least 2 per SM, <= 16 KB of stage bytes each): 4 CTAs per SM of
-  // 256 threads. Each streams its groups one after another, so 2 CTAs of 512 threads left each SM
+  // 128 threads. Each streams its groups one after another, so 2 CTAs of 256 threads left each SM
   // with two long chains of load -> reduce -> normalize. H100 kernel us, 2 -> 4 CTAs per SM
   // (bench_results/onepass_ctas_h100.log): forward 32x2048x7x7 bf16 29.2 -> 20.9, 32x1024x14x14
   // fp16 33.2 -> 22.5, 16x2048x7x7 fp32 16.1 -> 12.2, 32x2048x8x8 bf16 21.6 -> 13.8 (backward
