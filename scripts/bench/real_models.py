@@ -295,14 +295,20 @@ def write(out_dir, meta, rows, name="real_models"):
 
 def merge(files, wanted):
     """(meta, rows) of one table from the JSON of earlier runs: the rows named in `wanted`, in that order,
-    each from the last file that has it; date and timing from the files that contribute rows."""
+    each from the last file that has it. Each row keeps the date and timing of the run that made it
+    (a merged file's rows carry theirs), and the table's date and timing list them per group of rows."""
     data = [json.loads(pathlib.Path(f).read_text()) for f in files]
+    for d in data:
+        for r in d["rows"]:
+            r.setdefault("date", d["meta"]["date"])
+            r.setdefault("timing", d["meta"]["timing"])
     by_row = {r["row"]: r for d in data for r in d["rows"]}
     rows = [by_row[w] for w in wanted if w in by_row]
-    parts = [(d, [r["row"] for r in d["rows"] if any(r is x for x in rows)]) for d in data]
-    parts = [(d, names) for d, names in parts if names]
-    meta = dict(data[0]["meta"], date=" / ".join(d["meta"]["date"] for d, _ in parts),
-                timing=" / ".join(f"{d['meta']['timing']} ({', '.join(names)})" for d, names in parts))
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["date"], r["timing"]), []).append(r["row"])
+    meta = dict(data[0]["meta"], date=" / ".join(dict.fromkeys(date for date, _ in groups)),
+                timing=" / ".join(f"{timing} ({', '.join(names)})" for (_, timing), names in groups.items()))
     return meta, rows
 
 
