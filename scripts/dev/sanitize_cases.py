@@ -24,6 +24,9 @@ CASES = [  # shape, G, dtype, memory format
     ((3, 96, 7, 9), 3, torch.bfloat16, CL),
     ((2, 64, 4, 8, 8), 8, torch.float32, CL3),
     ((6, 64), 8, torch.float32, None),
+    ((32, 256, 8, 8), 32, torch.float16, None),  # many small groups: 4 CTAs per SM (forward and backward)
+    ((32, 128, 7, 7), 16, torch.bfloat16, None),  # the same, ragged forward (HxW = 49, D*HxW = 392)
+    ((2, 64, 33, 37), 8, torch.float16, CL),  # HxW >= 1024: the NHWC reduction's min-rows chunks (38 rows)
 ]
 
 
