@@ -115,10 +115,10 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   const gn::PwArgs pw = pw_args(pro, res, nullptr, w, b);
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr(), res_ptr});
   const cudaStream_t stream = current_stream(x);
-  auto og = onepass_allows(pro, nhwc)
-                ? onepass_geometry(p, input.scalar_type(), false, nhwc, {x.data_ptr(), y.data_ptr(), res_ptr})
+  const auto og = onepass_allows(pro, nhwc)
+                ? onepass_geometry(p, input.scalar_type(), false, nhwc, pro.kind != kPreNone,
+                                   {x.data_ptr(), y.data_ptr(), res_ptr})
                 : std::nullopt;
-  if (og && og->ragged && pro.kind != kPreNone) og = std::nullopt;  // the prologue needs channel-aligned vectors
   if (og) {
     const int64_t n_partial = s.N * s.G * og->T * 3;  // per (tile, group)
     Scratch ws = scratch(x, n_partial, stream);
@@ -185,7 +185,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   };
   const auto og = !output_mask[0] || !onepass_allows(pro, nhwc)
                       ? std::nullopt
-                      : onepass_geometry(p, input.scalar_type(), true, nhwc,
+                      : onepass_geometry(p, input.scalar_type(), true, nhwc, pro.kind != kPreNone,
                                          {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
   if (og) {
     // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)

@@ -184,15 +184,15 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
 inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
-                                                std::initializer_list<const void*> ptrs) {
+                                                bool prologue, std::initializer_list<const void*> ptrs) {
   const int onepass = env_int("GNEXT_ONEPASS", 1);
   if (onepass == 0) return std::nullopt;
   int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
   // NCHW forward, HxW not a multiple of the vector (ResNet-GN 7x7, 14x14; odd maps): a group is still
   // D*HxW contiguous elements, so whole-group tiles are vectorizable when D*HxW is ("ragged" tiles).
-  // The two-pass kernels would run scalar. The backward's per-channel sums need channel-aligned
-  // vectors: two-pass there.
-  const int Vg = V == 1 && !nhwc && !bwd ? vector_width(t, p.D * p.HxW, ptrs) : 1;
+  // The two-pass kernels would run scalar. The backward's per-channel sums and an input prologue
+  // (`prologue`: its per-channel bias) need channel-aligned vectors: two-pass there.
+  const int Vg = V == 1 && !nhwc && !bwd && !prologue ? vector_width(t, p.D * p.HxW, ptrs) : 1;
   const bool ragged = Vg > 1;
   if (ragged) V = Vg;
   if (V == 1) return std::nullopt;
