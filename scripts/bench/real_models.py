@@ -319,6 +319,9 @@ def main():
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     p.add_argument("--name", default="real_models")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny configs, when='always'")
+    p.add_argument("--fusion-when", choices=("auto", "always"), default="auto",
+                   help="enable_compile_fusion(when=...) of the compile + fusion variant: 'always' also "
+                        "rewrites training graphs (to measure them against the rule)")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="no run: one table (in --rows order) from the rows of JSON files of earlier runs "
                         "(rows run in separate processes or device calls); meta from the first file")
@@ -328,7 +331,7 @@ def main():
         print(write(args.out, meta, rows, args.name))
         return
     dev = "cpu" if args.smoke else "cuda"
-    when = "always" if args.smoke else "auto"
+    when = "always" if args.smoke else args.fusion_when
     try:
         from tqdm import tqdm
 
@@ -337,7 +340,8 @@ def main():
         progress = print
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "timing": f"wall time per call, {args.rounds} interleaved rounds",
+            "timing": f"wall time per call, {args.rounds} interleaved rounds"
+                      + ("" if when == "auto" else f", compile + fusion with when={when!r}"),
             "input": "skimage.data.astronaut(); VAE: its encoder's latents"}
     rows = []
     for row in args.rows.split(","):

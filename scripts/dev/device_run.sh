@@ -7,7 +7,7 @@
 #   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu host models shapes kernels cudnnprobe" BUDGET_S=580 \
 #     bash scripts/dev/device_run.sh
 # test runs pytest with PYTEST_N xdist workers (default 8; 0: none). models: ROWS (default all) of the
-# real-model benchmark; shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
+# real-model benchmark (FUSION_WHEN=always: the compile + fusion variant rewrites training graphs too); shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
 # (.peers/ from scripts/dev/fetch_peers.sh carried along); kernels: per-kernel times
 # (scripts/dev/profile_kernels.py); cudnnprobe: scripts/dev/cudnn_fusion_probe.py (.probe/ carried). MATCH:
 # only the sweep cases / profile shapes whose name contains it.
@@ -93,7 +93,7 @@ fi
 if has models; then
   t0=$SECONDS
   timeout $(( $(left) - 10 )) python3 scripts/bench/real_models.py --rows "${ROWS:-vae-fp16-nchw,vae-fp16-cl,unet2d-train-bf16,sd15-unet-fp16,bit-train-bf16}" \
-    --rounds "${ROUNDS:-7}" --out "$OUT" > "$OUT/real_models.log" 2>&1
+    --rounds "${ROUNDS:-7}" --fusion-when "${FUSION_WHEN:-auto}" --out "$OUT" > "$OUT/real_models.log" 2>&1
   echo "models rc=$? ($((SECONDS - t0)) s)"; [ -f "$OUT/real_models.md" ] && cat "$OUT/real_models.md"
 fi
 if has shapes; then
