@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import pathlib
 import sys
 
@@ -35,24 +34,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "kernelbench"))
-from timing import Timer, copy_bandwidth, save_results  # noqa: E402
+from timing import Timer, copy_bandwidth, save_results, with_env  # noqa: E402
 import level2_19_convtranspose_gelu_groupnorm as kb  # noqa: E402
-
-
-def with_env(fn, **env):
-    """fn run with environment variables set (gnext reads GNEXT_CONV on each call)."""
-    def run(*a):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn(*a)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    return run
 
 
 def kernel_times(fn, reps=3):

@@ -1,9 +1,10 @@
 """Timing and input helpers shared by the benchmarks (scripts/bench/*) and the developer tools
-(scripts/dev/*): CUDA-event timing with the L2 flushed, the copy-bandwidth floor, GroupNorm inputs, and
-writing a result table (JSON + markdown)."""
+(scripts/dev/*): CUDA-event timing with the L2 flushed, the copy-bandwidth floor, GroupNorm inputs,
+writing a result table (JSON + markdown), and running a call under gnext's environment knobs."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import statistics
 import time
@@ -82,3 +83,19 @@ def save_results(out_dir, name, meta, rows, md, quiet=False):
         print(md)
     return md
 
+
+def with_env(fn, **env):
+    """fn run with environment variables set, restored afterwards (gnext reads its GNEXT_* knobs on
+    each call)."""
+    def run(*a):
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn(*a)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return run

@@ -12,7 +12,6 @@ hide the GPU's), in one process. Diagnostic for the host-side chunk loop; no pro
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 
@@ -21,7 +20,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT))
-from timing import Timer, copy_bandwidth  # noqa: E402
+from timing import Timer, copy_bandwidth, with_env  # noqa: E402
 
 import groupnorm_ext  # noqa: E402,F401
 
@@ -51,18 +50,6 @@ def graphed(fn):
     return g.replay
 
 
-def with_env(value, fn):
-    old = os.environ.get("GNEXT_ONEPASS")
-    os.environ["GNEXT_ONEPASS"] = value
-    try:
-        return fn()
-    finally:
-        if old is None:
-            del os.environ["GNEXT_ONEPASS"]
-        else:
-            os.environ["GNEXT_ONEPASS"] = old
-
-
 def nchw_slabs(t, G, k):
     """k consecutive groups of one sample as (1, k*D, HxW) views, with their channel offset."""
     N, C = t.shape[:2]
@@ -74,6 +61,10 @@ def nchw_slabs(t, G, k):
 def main():
     dev = "cuda"
     timer = Timer(dev)
+
+    def two_pass(fn):
+        """Median ms of fn replayed from a CUDA graph captured with GNEXT_ONEPASS=0."""
+        return with_env(lambda: timer(graphed(fn)), GNEXT_ONEPASS="0")()
     bw = copy_bandwidth(dev, timer)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, copy bandwidth {bw:.0f} GB/s")
     for shape, G, dtype, cl, chunks in CASES:
@@ -90,10 +81,10 @@ def main():
         bwd_floor = 3 * nbytes / bw / 1e6  # read x, dy + write dx
         _, mean0, rstd0 = gn(x, G, w, b, 1e-5)
         name = f"{'x'.join(map(str, shape))} G={G} {str(dtype)[6:]}{' CL' if cl else ''} ({nbytes / 1e6:.0f} MB)"
-        rows = [("whole, own plan", timer(graphed(lambda: gn(x, G, w, b, 1e-5))),
-                 timer(graphed(lambda: gn_bwd(dy, x, mean0, rstd0, w, G, [True, True, True])))),
-                ("whole, two-pass", with_env("0", lambda: timer(graphed(lambda: gn(x, G, w, b, 1e-5)))),
-                 with_env("0", lambda: timer(graphed(lambda: gn_bwd(dy, x, mean0, rstd0, w, G, [True, True, True])))))]
+        fwd_all = lambda: gn(x, G, w, b, 1e-5)  # noqa: E731
+        bwd_all = lambda: gn_bwd(dy, x, mean0, rstd0, w, G, [True, True, True])  # noqa: E731
+        rows = [("whole, own plan", timer(graphed(fwd_all)), timer(graphed(bwd_all))),
+                ("whole, two-pass", two_pass(fwd_all), two_pass(bwd_all))]
         for k in chunks:
             if cl:
                 N = shape[0]
@@ -120,7 +111,7 @@ def main():
                     for i, ((s, c0), (d, _)) in enumerate(zip(xs, dys)):
                         gn_bwd(d, s, ms[i:i + 1], rs[i:i + 1], w[c0:c0 + k * D], k, [True, True, True])
                 label = f"chunks of {k} group(s) ({nbytes * k / (shape[0] * G) / 1e6:.1f} MB)"
-            rows.append((label, with_env("0", lambda: timer(graphed(fwd))), with_env("0", lambda: timer(graphed(bwd)))))
+            rows.append((label, two_pass(fwd), two_pass(bwd)))
         print(f"== {name}: floor fwd {fwd_floor:.3f} ms (1R+1W), f+b-part bwd {bwd_floor:.3f} ms (2R+1W)")
         for label, f, bk in rows:
             print(f"   {label:38s} fwd {f:8.3f} ms ({fwd_floor / f:.2f} of floor)   bwd {bk:8.3f} ms "
