@@ -161,18 +161,35 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   const Tensor x_in = dense_input(input);
   const Tensor mean_c = contig(mean), rstd_c = contig(rstd);
   const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
-  const Tensor dy_in = dense_in(grad_out, group_norm_memory_format(x_in));
+  // grad_out in the input's layout. An NCHW-contiguous grad_out of a channels_last input (a loss or a
+  // following op that made the gradient contiguous) is read in place by the NHWC two-pass kernels
+  // (pw.dy_nchw) instead of being copied first; the NHWC one-pass kernel still takes the copy.
+  // GNEXT_DY_NCHW=0 always copies (measurements).
+  const MemoryFormat fmt = group_norm_memory_format(x_in);
+  const bool dy_nchw_ok = fmt != MemoryFormat::Contiguous && grad_out.is_contiguous() &&
+                          !is_dense_in(grad_out, fmt) && gn::env_int("GNEXT_DY_NCHW", 1) != 0;
+  Tensor dy_in = dy_nchw_ok ? grad_out : dense_in(grad_out, fmt);
   const bool nhwc = use_nhwc(x_in, p, gn::kGradStateBytes,
                              {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr});
   const bool relayout = !nhwc && !x_in.is_contiguous();
   const Tensor x = relayout ? contig(x_in) : x_in;
-  const Tensor dy = relayout ? contig(grad_out) : dy_in;
   const Tensor dx_work = !dx ? Tensor() : relayout ? empty_as(x, MemoryFormat::Contiguous) : *dx;
+  const auto og = !output_mask[0] || !onepass_allows(pro, nhwc)
+                      ? std::nullopt
+                      : onepass_geometry(p, input.scalar_type(), true, nhwc, pro.kind != kPreNone,
+                                         {x.data_ptr(), dy_in.data_ptr(), dx_work.data_ptr()});
+  bool dy_nchw = nhwc && dy_nchw_ok;
+  if (dy_nchw && og) {
+    dy_in = dense_in(grad_out, fmt);
+    dy_nchw = false;
+  }
+  const Tensor dy = relayout ? contig(grad_out) : dy_in;
   const ScalarKind t = scalar_kind(input.scalar_type());
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW,
                              {x.data_ptr(), dy.data_ptr(), dx_work.defined() ? dx_work.data_ptr() : nullptr});
   const OptTensor b = defined(pro.gn_bias) ? OptTensor(contig(*pro.gn_bias)) : std::nullopt;
-  const gn::PwArgs pw = pw_args(pro, Tensor(), ptr<float>(rstd_c), w, b);
+  gn::PwArgs pw = pw_args(pro, Tensor(), ptr<float>(rstd_c), w, b);
+  pw.dy_nchw = dy_nchw;
   const cudaStream_t stream = current_stream(x);
   float* dsum = nullptr;  // (N, C, 2): per-channel sums for dgamma/dbeta, in the scratch below
   const int64_t n_dsum = need_params ? s.N * s.C * 2 : 0;
@@ -183,10 +200,6 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
                                                     dgamma ? dgamma->data_ptr() : nullptr,
                                                     dbeta ? dbeta->data_ptr() : nullptr, stream));
   };
-  const auto og = !output_mask[0] || !onepass_allows(pro, nhwc)
-                      ? std::nullopt
-                      : onepass_geometry(p, input.scalar_type(), true, nhwc, pro.kind != kPreNone,
-                                         {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()});
   if (og) {
     // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
     const int64_t n_partial = og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2;

@@ -57,6 +57,20 @@ struct GradReducer {  // backward: (sum dy * (x - mean), sum dy)
   }
 };
 
+// dy at (pixel row r, channels c0..c0+V) of one image of an NHWC backward kernel: a vector load in
+// the input's channels_last layout, or V loads strided by HxW when dy is NCHW (pw.dy_nchw). db points
+// at the image (n * HxW * C elements in either layout).
+template <typename T, int V>
+__device__ __forceinline__ void load_dy_nhwc(const T* __restrict__ db, bool nchw, int64_t r, int c0, int C,
+                                             int64_t HxW, float* out) {
+  if (nchw) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = to_float(db[static_cast<int64_t>(c0 + j) * HxW + r]);
+  } else {
+    load_vec<T, V>(db + r * C + c0, out);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // NCHW reduction. grid = (N*C rows, K chunks of HxW); partial[(row * K) + k].
 // `chunk` is a multiple of V; HxW % V == 0 when V > 1.
@@ -159,7 +173,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           load_vec<T, V>(xb + (r + u * rpi) * C + c0, xs[u]);
-          if constexpr (R::kNeedsDy) load_vec<T, V>(db + (r + u * rpi) * C + c0, ds[u]);
+          if constexpr (R::kNeedsDy) load_dy_nhwc<T, V>(db, pw.dy_nchw, r + u * rpi, c0, C, rows, ds[u]);
         }
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -175,7 +189,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (; r < r1; r += rpi) {
         float xs[V], ds[V];
         load_vec<T, V>(xb + r * C + c0, xs);
-        if constexpr (R::kNeedsDy) load_vec<T, V>(db + r * C + c0, ds);
+        if constexpr (R::kNeedsDy) load_dy_nhwc<T, V>(db, pw.dy_nchw, r, c0, C, rows, ds);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           xs[j] = pre_apply<P>(xs[j], pb[j]);
@@ -368,6 +382,27 @@ __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __
   }
 }
 
+// The backward's affine_vecs for an NHWC input whose dy is NCHW (pw.dy_nchw): x and dx at offs[u]
+// (channels_last), dy of pixel row rr[u] and channels c0.. of the image at dyb (load_dy_nhwc).
+template <typename T, int V, int Pw, int U>
+__device__ __forceinline__ void affine_vecs_dy_nchw(const T* __restrict__ x, const T* __restrict__ dyb,
+                                                    T* __restrict__ out, const int64_t (&offs)[U],
+                                                    const int64_t (&rr)[U], int c0, int64_t HxW, const float4* k,
+                                                    const float* pc) {
+  float xs[U][V], ds[U][V];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    load_vec<T, V>(x + offs[u], xs[u]);
+    load_dy_nhwc<T, V>(dyb, true, rr[u], c0, 0, HxW, ds[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) xs[u][j] = pw_affine<true, Pw>(k[j], xs[u][j], ds[u][j], pc[j]);
+    store_vec<T, V>(out + offs[u], xs[u]);
+  }
+}
+
 // NCHW. Long rows (rows_per_cta == 1): grid = (N*C, chunks), a CTA covers `chunk` elements of one
 // row. Short rows: grid = (ceil(N*C / rows_per_cta)), a CTA covers rows_per_cta whole rows and
 // finds each vector's row with a fast divide by HxW/V.
@@ -435,6 +470,21 @@ __global__ void __launch_bounds__(kMaxThreads)
       pc[j] = pw_channel<HasDy, Pw>(pw, c0 + j);
     }
     int64_t r = r0 + lane_r;
+    if constexpr (HasDy) {
+      if (pw.dy_nchw) {  // dy NCHW: its image starts at the same element offset, base
+        for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
+          int64_t offs[kUnroll], rr[kUnroll];
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) rr[u] = r + u * rpi, offs[u] = base + rr[u] * C + c0;
+          affine_vecs_dy_nchw<T, V, Pw>(x, dy + base, out, offs, rr, c0, rows, k, pc);
+        }
+        for (; r < r1; r += rpi) {
+          const int64_t offs[1] = {base + r * C + c0}, rr[1] = {r};
+          affine_vecs_dy_nchw<T, V, Pw>(x, dy + base, out, offs, rr, c0, rows, k, pc);
+        }
+        continue;
+      }
+    }
     for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
       int64_t offs[kUnroll];
 #pragma unroll

@@ -86,6 +86,10 @@ struct PwArgs {
   const void* gamma;
   const void* beta;
   ScalarKind wt;
+  // backward, NHWC two-pass kernels: dy is NCHW-contiguous ((N, C, HxW), e.g. a loss's contiguous
+  // gradient of a channels_last output) and is read in place, channel by channel, instead of being
+  // copied into the input's layout first.
+  bool dy_nchw;
 };
 
 struct OnePassArgs {

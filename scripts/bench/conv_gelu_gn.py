@@ -7,6 +7,8 @@ float32, forward and forward+backward (training), in one process:
   gnext     ModelNew: torch.ops.gnext.conv_transpose2d_gelu_group_norm, default path (stage 1): the
             conv in ATen/cuDNN without bias, then bias + GELU + GroupNorm in gnext's kernels
             (statistics pass + elementwise pass)
+  gnext, dy copied   the same with GNEXT_DY_NCHW=0: an NCHW upstream gradient copied to channels_last
+            before the backward (the default reads it in place)
   stage 2   the same op with GNEXT_CONV=cutlass (H100, fp32, TF32): gnext's CUTLASS implicit-GEMM
             conv whose epilogue stores z and emits per-tile GELU/GroupNorm sums, a finalize kernel,
             one elementwise pass (z -> out)
@@ -82,7 +84,8 @@ def main():
         x = x0.contiguous(memory_format=fmt)
         for m in (model, new):
             m.to(memory_format=fmt)
-        impls = {"eager": model, "gnext": new, "stage 2": with_env(new, GNEXT_CONV="cutlass")}
+        impls = {"eager": model, "gnext": new, "stage 2": with_env(new, GNEXT_CONV="cutlass"),
+                 "gnext, dy copied": with_env(new, GNEXT_DY_NCHW="0")}
         if not args.no_compile:
             torch._dynamo.reset()
             impls["compile"] = torch.compile(model)
@@ -98,7 +101,7 @@ def main():
             row[name] = {"fwd_ms": t_f, "out_channels_last": fn(x).is_contiguous(memory_format=torch.channels_last)}
             line = f"  {layout:13s} {name:15s} fwd {t_f:8.3f} ms"
             xg = x.detach().requires_grad_()
-            params = list(new.parameters() if name in ("gnext", "stage 2") else model.parameters())
+            params = list(new.parameters() if name.startswith(("gnext", "stage 2")) else model.parameters())
             for glayout, gfmt in (("nchw", torch.contiguous_format), ("channels_last", torch.channels_last)):
                 if name == "conv (no bias)":
                     break
@@ -110,6 +113,8 @@ def main():
                     y = fn(xg)
                     torch.autograd.grad(y, [xg] + params, dy)
 
+                if name == "gnext, dy copied":  # the knob is read by the backward op: set it around both
+                    fb = with_env(fb, GNEXT_DY_NCHW="0")
                 row[name][f"fwdbwd_ms_dy_{glayout}"] = t_fb = timer(fb, min_reps=5, budget_s=0.5)
                 line += f"  f+b (dy {glayout}) {t_fb:8.3f} ms"
                 if args.profile and name in ("gnext", "stage 2"):
@@ -149,6 +154,10 @@ def main():
             k = f"fwdbwd_ms_dy_{gl}"
             lines.append(f"| {r['layout']} | {gl} | {e[k]:.2f} | {cm[k]:.2f} | {g[k]:.2f} | {s2[k]:.2f} | "
                          f"{e[k] / g[k]:.2f} | {cm[k] / g[k]:.2f} | {r['floor_gn_fb_ms']:.2f} |")
+    lines += ["", "gnext with an NCHW dy copied into channels_last before the backward (GNEXT_DY_NCHW=0; the "
+              "default reads it in place), forward+backward ms: "
+              + "; ".join(f"{r['layout']} input, dy {gl}: {r['gnext, dy copied'][f'fwdbwd_ms_dy_{gl}']:.2f}"
+                          for r in rows for gl in ("nchw", "channels_last"))]
     if args.profile:
         lines += ["", "gnext's kernels (ms per call, torch.profiler), the five longest:", ""]
         for r in rows:
