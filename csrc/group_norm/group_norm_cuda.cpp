@@ -163,10 +163,11 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
   // grad_out in the input's layout. An NCHW-contiguous grad_out of a channels_last input (a loss or a
   // following op that made the gradient contiguous) is read in place by the NHWC two-pass kernels
-  // (pw.dy_nchw) instead of being copied first; the NHWC one-pass kernel still takes the copy.
+  // (pw.dy_nchw) instead of being copied first, without an output activation (GroupNorm, the fused
+  // conv op's prologue); the NHWC one-pass kernel and group_norm_act's backward still take the copy.
   // GNEXT_DY_NCHW=0 always copies (measurements).
   const MemoryFormat fmt = group_norm_memory_format(x_in);
-  const bool dy_nchw_ok = fmt != MemoryFormat::Contiguous && grad_out.is_contiguous() &&
+  const bool dy_nchw_ok = fmt != MemoryFormat::Contiguous && pro.act == kActIdentity && grad_out.is_contiguous() &&
                           !is_dense_in(grad_out, fmt) && gn::env_int("GNEXT_DY_NCHW", 1) != 0;
   Tensor dy_in = dy_nchw_ok ? grad_out : dense_in(grad_out, fmt);
   const bool nhwc = use_nhwc(x_in, p, gn::kGradStateBytes,

@@ -21,15 +21,24 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
       const T* dyp = static_cast<const T*>(dy);
       State* out = reinterpret_cast<State*>(partial);
       if (g.nhwc) {
-        auto kernel = reduce_nhwc_kernel<T, V, R, P>;
-        if (g.smem > 48 * 1024) {
-          const cudaError_t e =
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
-          if (e != cudaSuccess) return e;
+        auto launch = [&](auto kernel) -> cudaError_t {
+          if (g.smem > 48 * 1024) {
+            const cudaError_t e =
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
+            if (e != cudaSuccess) return e;
+          }
+          kernel<<<dim3(p.N, g.K), g.threads, g.smem, stream>>>(xp, dyp, mean, out, p.HxW, g.chunk,
+                                                                 static_cast<int>(p.C), static_cast<int>(p.D),
+                                                                 static_cast<int>(p.G), g.tpr, g.rpi, pw);
+          return cudaGetLastError();
+        };
+        // An NCHW dy (PwArgs::dy_nchw) only without an output activation (modes 0-2: GroupNorm and
+        // the input prologues); the host copies dy for the others.
+        if constexpr (R::kNeedsDy && pw_act(P) == kActIdentity) {
+          if (pw.dy_nchw) return launch(reduce_nhwc_kernel<T, V, R, P, true>);
         }
-        kernel<<<dim3(p.N, g.K), g.threads, g.smem, stream>>>(xp, dyp, mean, out, p.HxW, g.chunk,
-                                                               static_cast<int>(p.C), static_cast<int>(p.D),
-                                                               static_cast<int>(p.G), g.tpr, g.rpi, pw);
+        if (pw.dy_nchw) return cudaErrorInvalidValue;
+        return launch(reduce_nhwc_kernel<T, V, R, P>);
       } else {
         reduce_nchw_kernel<T, V, R, P><<<dim3(p.N * p.C, g.K), g.threads, 0, stream>>>(
             xp, dyp, mean, out, p.HxW, g.chunk, p.C, p.D, p.G, pw);
@@ -95,6 +104,14 @@ cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const Aff
         const float4* k = reinterpret_cast<const float4*>(coef);
         const dim3 grid(g.grid_x, g.grid_y);
         if (g.nhwc) {
+          if constexpr (HasDy && pw_act(P) == kActIdentity) {  // NCHW dy: as in launch_reduce
+            if (pw.dy_nchw) {
+              affine_nhwc_kernel<T, V, HasDy, P, true><<<grid, g.threads, 0, stream>>>(
+                  xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
+              return cudaGetLastError();
+            }
+          }
+          if (pw.dy_nchw) return cudaErrorInvalidValue;
           affine_nhwc_kernel<T, V, HasDy, P><<<grid, g.threads, 0, stream>>>(
               xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
         } else {

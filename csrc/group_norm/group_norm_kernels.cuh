@@ -58,7 +58,7 @@ struct GradReducer {  // backward: (sum dy * (x - mean), sum dy)
 };
 
 // dy at (pixel row r, channels c0..c0+V) of one image of an NHWC backward kernel: a vector load in
-// the input's channels_last layout, or V loads strided by HxW when dy is NCHW (pw.dy_nchw). db points
+// the input's channels_last layout, or V loads strided by HxW when dy is NCHW (the kernels' DyNchw). db points
 // at the image (n * HxW * C elements in either layout).
 template <typename T, int V>
 __device__ __forceinline__ void load_dy_nhwc(const T* __restrict__ db, bool nchw, int64_t r, int c0, int C,
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 // NHWC reduction. grid = (N, K ranges of `rchunk` rows); partial[(n * K + k) * C + c].
 // Thread t owns channel vectors cv = t % tpr (+ tpr, ...) and rows t / tpr (+ rpi, ...);
 // dynamic shared memory holds rpi * C states.
-template <typename T, int V, typename R, int Pw>
+template <typename T, int V, typename R, int Pw, bool DyNchw = false>
 __global__ void __launch_bounds__(kMaxThreads)
     reduce_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
                        typename R::State* __restrict__ partial, int64_t rows, int64_t rchunk, int C, int D, int G,
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           load_vec<T, V>(xb + (r + u * rpi) * C + c0, xs[u]);
-          if constexpr (R::kNeedsDy) load_dy_nhwc<T, V>(db, pw.dy_nchw, r + u * rpi, c0, C, rows, ds[u]);
+          if constexpr (R::kNeedsDy) load_dy_nhwc<T, V>(db, DyNchw, r + u * rpi, c0, C, rows, ds[u]);
         }
 #pragma unroll
         for (int j = 0; j < V; ++j) {
@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (; r < r1; r += rpi) {
         float xs[V], ds[V];
         load_vec<T, V>(xb + r * C + c0, xs);
-        if constexpr (R::kNeedsDy) load_dy_nhwc<T, V>(db, pw.dy_nchw, r, c0, C, rows, ds);
+        if constexpr (R::kNeedsDy) load_dy_nhwc<T, V>(db, DyNchw, r, c0, C, rows, ds);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           xs[j] = pre_apply<P>(xs[j], pb[j]);
@@ -382,7 +382,7 @@ __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __
   }
 }
 
-// The backward's affine_vecs for an NHWC input whose dy is NCHW (pw.dy_nchw): x and dx at offs[u]
+// The backward's affine_vecs for an NHWC input whose dy is NCHW (DyNchw): x and dx at offs[u]
 // (channels_last), dy of pixel row rr[u] and channels c0.. of the image at dyb (load_dy_nhwc).
 template <typename T, int V, int Pw, int U>
 __device__ __forceinline__ void affine_vecs_dy_nchw(const T* __restrict__ x, const T* __restrict__ dyb,
@@ -446,8 +446,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// NHWC. grid = (N, K ranges of rchunk rows); thread layout as in reduce_nhwc_kernel.
-template <typename T, int V, bool HasDy, int Pw>
+// NHWC. grid = (N, K ranges of rchunk rows); thread layout as in reduce_nhwc_kernel. DyNchw: dy is
+// NCHW-contiguous (backward; see PwArgs::dy_nchw).
+template <typename T, int V, bool HasDy, int Pw, bool DyNchw = false>
 __global__ void __launch_bounds__(kMaxThreads)
     affine_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                        const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi,
@@ -470,20 +471,18 @@ __global__ void __launch_bounds__(kMaxThreads)
       pc[j] = pw_channel<HasDy, Pw>(pw, c0 + j);
     }
     int64_t r = r0 + lane_r;
-    if constexpr (HasDy) {
-      if (pw.dy_nchw) {  // dy NCHW: its image starts at the same element offset, base
-        for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
-          int64_t offs[kUnroll], rr[kUnroll];
+    if constexpr (HasDy && DyNchw) {  // dy NCHW: its image starts at the same element offset, base
+      for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
+        int64_t offs[kUnroll], rr[kUnroll];
 #pragma unroll
-          for (int u = 0; u < kUnroll; ++u) rr[u] = r + u * rpi, offs[u] = base + rr[u] * C + c0;
-          affine_vecs_dy_nchw<T, V, Pw>(x, dy + base, out, offs, rr, c0, rows, k, pc);
-        }
-        for (; r < r1; r += rpi) {
-          const int64_t offs[1] = {base + r * C + c0}, rr[1] = {r};
-          affine_vecs_dy_nchw<T, V, Pw>(x, dy + base, out, offs, rr, c0, rows, k, pc);
-        }
-        continue;
+        for (int u = 0; u < kUnroll; ++u) rr[u] = r + u * rpi, offs[u] = base + rr[u] * C + c0;
+        affine_vecs_dy_nchw<T, V, Pw>(x, dy + base, out, offs, rr, c0, rows, k, pc);
       }
+      for (; r < r1; r += rpi) {
+        const int64_t offs[1] = {base + r * C + c0}, rr[1] = {r};
+        affine_vecs_dy_nchw<T, V, Pw>(x, dy + base, out, offs, rr, c0, rows, k, pc);
+      }
+      continue;
     }
     for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
       int64_t offs[kUnroll];

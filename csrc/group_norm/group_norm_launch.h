@@ -86,9 +86,9 @@ struct PwArgs {
   const void* gamma;
   const void* beta;
   ScalarKind wt;
-  // backward, NHWC two-pass kernels: dy is NCHW-contiguous ((N, C, HxW), e.g. a loss's contiguous
-  // gradient of a channels_last output) and is read in place, channel by channel, instead of being
-  // copied into the input's layout first.
+  // backward, NHWC two-pass kernels without an output activation: dy is NCHW-contiguous ((N, C, HxW),
+  // e.g. a loss's contiguous gradient of a channels_last output), read in place channel by channel
+  // (the kernels' DyNchw instantiation) instead of being copied into the input's layout first.
   bool dy_nchw;
 };
 
