@@ -129,11 +129,14 @@ def test_grad_out_layout_differs(case, dy_fmt, dtype, device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", ["identity", "silu"])
-@pytest.mark.parametrize("shape,G", [((2, 64, 48, 48), 8), ((3, 40, 33, 35), 8), ((2, 8, 3, 5, 7), 2)])
+@pytest.mark.parametrize("shape,G", [((2, 64, 48, 48), 8), ((3, 40, 33, 35), 8), ((2, 8, 3, 5, 7), 2),
+                                     ((2, 96, 17, 19), 6), ((1, 2048, 9, 9), 32)])
 def test_gpu_nchw_grad_out_read_in_place(shape, G, act, dtype, monkeypatch):
     """An NCHW grad_out of a channels_last input, read in place by the NHWC two-pass kernels, gives
     the same bits as the copy into channels_last (GNEXT_DY_NCHW=0): the sums run in the same order.
-    With an activation (silu) the backward takes the copy either way."""
+    Shapes: odd rows per step and ragged last steps (96 and 40 channels), C = 2048 at 81 pixels (a
+    thread walks several channel vectors). With an activation (silu) the backward takes the copy
+    either way."""
     monkeypatch.setenv("GNEXT_ONEPASS", "0")
     fmt = CL if len(shape) == 4 else CL3
     gen = torch.Generator().manual_seed(11)
