@@ -15,10 +15,13 @@ Variants: original eager; gnext eager (groupnorm_ext.convert_group_norm_act, whi
 ResnetBlock2D pairs); torch.compile(original); torch.compile(original) with
 groupnorm_ext.enable_compile_fusion() active while it compiles. Timing: wall time (host + GPU) of a
 batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
-timed in rounds, each once per round in a rotating order, and the median and min-max over rounds are
-reported. Output columns: relative L2 difference of each variant's output from the float32 original's.
+timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
+over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
+compiles both compiled variants with CUDA graphs (the host out of their steps). Output columns:
+relative L2 difference of each variant's output from the float32 original's.
 
     python scripts/bench models [--rows vae-fp16-nchw,...] [--rounds 5] [--out bench_results]
+                              [--fusion-when always] [--compile-mode reduce-overhead]
     python scripts/bench models --smoke        (CPU, tiny configs: checks the script, times nothing real)
 Needs diffusers, timm and scikit-image (the benchmark only; gnext does not depend on them).
 """
@@ -115,24 +118,31 @@ def _cast(args, dtype, fmt):
                  else a.to(dtype) if a.is_floating_point() else a for a in args)
 
 
-def step_fn(model, args, train):
-    """One call as the user makes it: inference under no_grad, or forward + backward."""
+def step_fn(model, args, train, graphs=False):
+    """One call as the user makes it: inference under no_grad, or forward + backward. graphs: the
+    model is compiled with CUDA graphs (mode="reduce-overhead"): each call starts a new step
+    (torch.compiler.cudagraph_mark_step_begin) and returns a clone, since the graph's output buffers
+    are overwritten by the next replay."""
+    mark = torch.compiler.cudagraph_mark_step_begin if graphs else (lambda: None)
+    keep = (lambda t: t.clone()) if graphs else (lambda t: t)
     if not train:
         def run():
+            mark()
             with torch.no_grad():
-                return _sample(model(*args))
+                return keep(_sample(model(*args)))
         return run
 
     def run():
+        mark()
         for p in model.parameters():
             p.grad = None
         out = _sample(model(*args))
         out.float().square().mean().backward()
-        return out.detach()
+        return keep(out.detach())
     return run
 
 
-def compile_fusion_variant(model):
+def compile_fusion_variant(model, mode=None):
     """torch.compile(model) as a user calls it with enable_compile_fusion() on: the default Inductor
     backend. The options dict ({"fx_graph_cache": False}) makes Dynamo treat this backend as another one
     than plain torch.compile's (its BACKEND_MATCH guard compares the options), so this model cannot be
@@ -140,7 +150,10 @@ def compile_fusion_variant(model):
     every graph and its rewrites are counted (a graph from the on-disk caches skips the pass; the code
     is the same). (Before: a backend function of its own calling compile_fx, which is not the path
     users take; two runs put it at 0.89-0.98x of plain torch.compile on graphs the pass left unchanged.)"""
-    return torch.compile(model, options={"fx_graph_cache": False})
+    if mode is None:
+        return torch.compile(model, options={"fx_graph_cache": False})
+    # mode and options are exclusive in torch.compile: the mode's options plus the marker
+    return torch.compile(model, options={**torch._inductor.list_mode_options(mode), "fx_graph_cache": False})
 
 
 def no_caches():
@@ -177,7 +190,7 @@ def wall_ms(fn, sync, iters):
     return (time.perf_counter() - t0) / iters * 1e3
 
 
-def run_row(row, dev, smoke, rounds, when, progress):
+def run_row(row, dev, smoke, rounds, when, progress, mode=None):
     model32, args32, dtype, fmt, train = build(row, dev, smoke)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     with torch.no_grad() if not train else torch.enable_grad():
@@ -189,7 +202,8 @@ def run_row(row, dev, smoke, rounds, when, progress):
     fns["eager"] = step_fn(orig, args, train)
     fns["gnext"] = step_fn(conv, args, train)
     torch._dynamo.reset()
-    fns["compile"] = step_fn(torch.compile(copy.deepcopy(orig)), args, train)
+    graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+    fns["compile"] = step_fn(torch.compile(copy.deepcopy(orig), mode=mode), args, train, graphs)
     outs, t_compile = {}, {}
     for v in ("eager", "gnext", "compile"):
         t0 = time.perf_counter()
@@ -199,7 +213,7 @@ def run_row(row, dev, smoke, rounds, when, progress):
     before = compile_fusion.compile_fusion_stats["group_norm_act"]
     ge.enable_compile_fusion(when=when)
     try:
-        fns["compile+fusion"] = step_fn(compile_fusion_variant(copy.deepcopy(orig)), args, train)
+        fns["compile+fusion"] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode), args, train, graphs)
         t0 = time.perf_counter()
         with no_caches():
             outs["compile+fusion"] = fns["compile+fusion"]()
@@ -322,6 +336,9 @@ def main():
     p.add_argument("--fusion-when", choices=("auto", "always"), default="auto",
                    help="enable_compile_fusion(when=...) of the compile + fusion variant: 'always' also "
                         "rewrites training graphs (to measure them against the rule)")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile mode of both compiled variants (e.g. reduce-overhead: CUDA graphs, "
+                        "which take the host out of the compiled steps); default: torch.compile's default")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="no run: one table (in --rows order) from the rows of JSON files of earlier runs "
                         "(rows run in separate processes or device calls); meta from the first file")
@@ -341,11 +358,12 @@ def main():
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "timing": f"wall time per call, {args.rounds} interleaved rounds"
-                      + ("" if when == "auto" else f", compile + fusion with when={when!r}"),
+                      + ("" if when == "auto" else f", compile + fusion with when={when!r}")
+                      + ("" if args.compile_mode is None else f", torch.compile mode={args.compile_mode!r}"),
             "input": "skimage.data.astronaut(); VAE: its encoder's latents"}
     rows = []
     for row in args.rows.split(","):
-        res = run_row(row, dev, args.smoke, args.rounds, when, progress)
+        res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode)
         print(json.dumps({k: res[k] for k in ("row", "ms", "converted", "fusion_rewrites")}), flush=True)
         rows.append(res)
         write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one

@@ -12,7 +12,10 @@ enable_compile_fusion():
     the variants (GroupNorm-related rows always shown);
   * the GPU time per step by kernel family (norm: GroupNorm and what Inductor fused into it; conv and
     GEMM; attention; the rest), which bounds what a faster GroupNorm can gain.
+  * with --kernels: every GPU kernel of both variants by name, per step (time and launches), the
+    gnext kernels and the kernels whose time differs most between the variants.
   python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled]
+                                      [--fusion-when always] [--kernels 40]
                                       [--stacks aten::copy_,aten::empty_strided]
 Diagnostic; the product table comes from scripts/bench/real_models.py."""
 from __future__ import annotations
@@ -86,6 +89,7 @@ def profile(fn, steps, stacks=()):
             fn()
         torch.cuda.synchronize()
     cpu, count, gpu, kern = defaultdict(float), defaultdict(int), defaultdict(float), defaultdict(float)
+    launches = defaultdict(float)
     for ev in prof.key_averages():
         cpu[ev.key] += ev.self_cpu_time_total / steps
         count[ev.key] += ev.count // steps
@@ -93,11 +97,12 @@ def profile(fn, steps, stacks=()):
     for ev in prof.events():  # GPU kernels by name (key_averages also lists the CPU ops that launched them)
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
             kern[ev.name] += ev.device_time_total / steps
+            launches[ev.name] += 1 / steps
     for op in stacks:
         print(f"  call sites of {op} per step:")
         for n, site in call_sites(prof, op, steps):
             print(f"    {n:6.1f}  {site[:200]}")
-    return cpu, count, gpu, kern
+    return cpu, count, gpu, kern, launches
 
 
 def main():
@@ -109,6 +114,10 @@ def main():
     p.add_argument("--stacks", default="", help="comma-separated ops (e.g. aten::copy_) whose Python call sites to list")
     p.add_argument("--compiled", action="store_true",
                    help="torch.compile(original) without and with enable_compile_fusion() instead of eager")
+    p.add_argument("--fusion-when", choices=("auto", "always"), default="auto",
+                   help="with --compiled: enable_compile_fusion(when=...); 'always' rewrites training graphs too")
+    p.add_argument("--kernels", type=int, default=0,
+                   help="list the N GPU kernels whose per-step time differs most between the variants")
     args = p.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, row {args.row}")
     model32, inputs32, dtype, fmt, train = build(args.row, "cuda", False)
@@ -121,7 +130,7 @@ def main():
         fns = {"eager": step_fn(torch.compile(copy.deepcopy(orig)), inputs, train)}
         fns["eager"]()
         before = compile_fusion.compile_fusion_stats["group_norm_act"]
-        ge.enable_compile_fusion()
+        ge.enable_compile_fusion(when=args.fusion_when)
         try:
             fns["gnext"] = step_fn(compile_fusion_variant(copy.deepcopy(orig)), inputs, train)
             with no_caches():
@@ -151,18 +160,29 @@ def main():
         if stacks:
             print(f"{v}:")
         prof[v] = profile(f, args.steps, stacks)
-    for v, (cpu, count, gpu, kern) in prof.items():
+    for v, (cpu, count, gpu, kern, _) in prof.items():
         fam = defaultdict(float)
         for k, t in kern.items():
             fam[family(k)] += t
         print(f"{v:6s} per step: self-CPU sum {sum(cpu.values()) / 1e3:7.2f} ms over {sum(count.values())} "
               f"events; GPU kernels {sum(kern.values()) / 1e3:7.2f} ms: "
               + ", ".join(f"{f} {t / 1e3:.2f}" for f, t in sorted(fam.items(), key=lambda kv: -kv[1])))
-    for v, (_, _, _, kern) in prof.items():
+    for v, (_, _, _, kern, _) in prof.items():
         print(f"\n{v}: top GPU kernels per step")
         for k, t in sorted(kern.items(), key=lambda kv: -kv[1])[:15]:
             print(f"  {t:9.0f} us  [{family(k)}] {k[:110]}")
-    (ce, ne, ge_, _), (cg, ng, gg, _) = prof["eager"], prof["gnext"]
+    if args.kernels:
+        (ke, le), (kg, lg) = prof["eager"][3:], prof["gnext"][3:]
+        names = set(ke) | set(kg)
+        gn = sorted((k for k in names if "gnext" in k.lower()), key=lambda k: -kg.get(k, 0))
+        diff = sorted(set(names) - set(gn), key=lambda k: -abs(kg.get(k, 0) - ke.get(k, 0)))[:args.kernels]
+        print("\nGPU kernels per step: time (us) and launches, eager-side variant vs gnext-side variant "
+              "(gnext kernels first, then the largest differences)")
+        print(f"{'kernel':100s} {'us':>8s} {'n':>5s} {'us':>8s} {'n':>5s} {'diff':>8s}")
+        for k in gn + diff:
+            print(f"{k[:100]:100s} {ke.get(k, 0):8.0f} {le.get(k, 0):5.0f} {kg.get(k, 0):8.0f} "
+                  f"{lg.get(k, 0):5.0f} {kg.get(k, 0) - ke.get(k, 0):+8.0f}")
+    (ce, ne, ge_, _, _), (cg, ng, gg, _, _) = prof["eager"], prof["gnext"]
     keys = set(ce) | set(cg)
     gn_like = [k for k in keys if any(s in k.lower() for s in ("group_norm", "groupnorm", "gnext", "silu"))]
     diff = sorted(keys, key=lambda k: -abs(cg.get(k, 0) - ce.get(k, 0)))[:args.top]
