@@ -38,12 +38,16 @@ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 inline int64_t element_size(ScalarType t) { return t == ScalarType::Float ? 4 : 2; }
 
-// CTAs to aim for per launch: enough to fill every SM a few times over.
-inline int64_t target_ctas() { return 4 * static_cast<int64_t>(device_props().multiProcessorCount); }
-
 inline int env_int(const char* name, int dflt) {
   const char* v = std::getenv(name);
   return v != nullptr && v[0] != '\0' ? std::atoi(v) : dflt;
+}
+
+// CTAs to aim for per launch of the two-pass kernels: enough to fill every SM a few times over.
+// GNEXT_TARGET_CTAS=n overrides it (measurements).
+inline int64_t target_ctas() {
+  const int64_t dflt = 4 * static_cast<int64_t>(device_props().multiProcessorCount);
+  return std::max(1, env_int("GNEXT_TARGET_CTAS", static_cast<int>(dflt)));
 }
 
 // Widest vector (elements per 16-byte access) when rows have `inner` elements and every pointer
@@ -93,7 +97,14 @@ inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k) {
   const int64_t rows = p.N * p.C;
   const int64_t K = rows >= target_ctas() ? 1 : std::min(ceil_div(target_ctas(), rows), std::max<int64_t>(1, max_k));
   RowSplit s{};
-  s.chunk = round_up(ceil_div(p.HxW, K), V);
+  // Chunks start on 1 KB boundaries (64 vectors) of an aligned row. Rounded to a vector only, a
+  // chunk of HxW / 3 or / 5 started 48-112 bytes into a cache line, and every warp's loads straddled
+  // one more line: H100 (bench_results/chunk_align_probe_h100.log, ms at the default 528 CTAs,
+  // vector-aligned -> 1 KB-aligned) 1x128x2048x2048 bf16 NCHW forward 1.162 -> 1.115, backward
+  // 2.046 -> 1.889; 1x256x1024x1024 bf16 0.596 -> 0.573 and 1.010 -> 0.947; with 128-byte alignment
+  // (8 vectors) within 3% of that. GNEXT_CHUNK_ALIGN=v sets it in vectors (measurements).
+  const int64_t align = V * std::max(1, env_int("GNEXT_CHUNK_ALIGN", 64));
+  s.chunk = round_up(ceil_div(p.HxW, K), align);
   s.K = ceil_div(p.HxW, s.chunk);
   s.threads = static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(s.chunk / V, kUnroll), 32), 32, kMaxThreads));
   return s;
