@@ -118,10 +118,14 @@ __device__ __forceinline__ void wait_count(const unsigned* counter, unsigned tar
   }
 }
 // After wait_count(counter, target) returned: the target-th thread to depart (one per arrival) resets
-// the counter to zero for the next launch. Departures take the counter from target to 2 * target,
-// so waiters still spinning see >= target; the reset comes after every waiter has passed.
+// the counter to zero for the next launch. Departures take the counter from target towards 2 * target,
+// so waiters still spinning see >= target; atomicInc wraps the last one (old value 2 * target - 1) to
+// zero, after every waiter has passed. Nothing uses its result, so the thread never waits for it: an
+// atomicAdd whose result decided an atomicExch put a round trip to L2 on every tile's critical path
+// (one-pass forward, H100 same-machine A/B: L1#35 6.20 -> 6.41 ms, 128x64x258² fp32 1.81 -> 1.94;
+// with atomicInc 6.20 and 1.81 again: bench_results/ab_onepass_regression_h100.log, _fix_h100.log).
 __device__ __forceinline__ void depart(unsigned* counter, unsigned target) {
-  if (atomicAdd(counter, 1u) == 2 * target - 1) atomicExch(counter, 0u);
+  atomicInc(counter, 2 * target - 1);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -268,12 +268,22 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
       __syncthreads();
       const float mu = group_stat.x, rstd = group_stat.y;
       float scale = rstd * load_param(a.gamma, a.wt, c0, 1.f), shift = load_param(a.beta, a.wt, c0, 0.f);
+      auto store = [&](uint32_t v, float* xv) {  // (+ residual) and out
+        if (a.pw.residual != nullptr) {
+          float rv[V];
+          load_vec<T, V>(static_cast<const T*>(a.pw.residual) + t.start + v * V, rv);
+#pragma unroll
+          for (int e = 0; e < V; ++e) xv[e] += rv[e];
+        }
+        store_vec<T, V>(out + t.start + v * V, xv);
+      };
+      // Two loops, so that the common one carries no per-vector branch on the plan.
+      if (geo.ragged) {
+        // Whole-group tile, HxW not a multiple of V: a vector's elements may lie in several channels.
 #pragma unroll 4
-      for (uint32_t v = tid; v < nvec; v += blockDim.x) {
-        float xv[V];
-        lds_vec<T, V>(sx + v * V, xv);  // x, or the prologue's a (written by publish)
-        if (geo.ragged) {
-          // Whole-group tile, HxW not a multiple of V: a vector's elements may lie in several channels.
+        for (uint32_t v = tid; v < nvec; v += blockDim.x) {
+          float xv[V];
+          lds_vec<T, V>(sx + v * V, xv);
           const uint32_t cf = hwv.div(v * V), cl = hwv.div(v * V + V - 1);
           scale = rstd * load_param(a.gamma, a.wt, c0 + cf, 1.f);
           shift = load_param(a.beta, a.wt, c0 + cf, 0.f);
@@ -288,7 +298,13 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
                                         load_param(a.beta, a.wt, c, 0.f)));
             }
           }
-        } else {
+          store(v, xv);
+        }
+      } else {
+#pragma unroll 4
+        for (uint32_t v = tid; v < nvec; v += blockDim.x) {
+          float xv[V];
+          lds_vec<T, V>(sx + v * V, xv);  // x, or the prologue's a (written by publish)
           if (t.nch > 1) {
             const int64_t c = c0 + hwv.div(v);
             scale = rstd * load_param(a.gamma, a.wt, c, 1.f);
@@ -296,14 +312,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
           }
 #pragma unroll
           for (int e = 0; e < V; ++e) xv[e] = act_apply<A>(fmaf(xv[e] - mu, scale, shift));
+          store(v, xv);
         }
-        if (a.pw.residual != nullptr) {
-          float rv[V];
-          load_vec<T, V>(static_cast<const T*>(a.pw.residual) + t.start + v * V, rv);
-#pragma unroll
-          for (int e = 0; e < V; ++e) xv[e] += rv[e];
-        }
-        store_vec<T, V>(out + t.start + v * V, xv);
       }
     } else {
       // Per-channel sums of the group (fixed order); c2, c3 as in finalize_backward_kernel.
