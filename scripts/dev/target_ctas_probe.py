@@ -33,6 +33,13 @@ CASES = [
     ((1, 128, 1024, 1024), 32, torch.float16, True),
     ((16, 512, 128, 128), 32, torch.bfloat16, True),
     ((8, 512, 4096), 32, torch.float32, False),  # audio 1-D
+    # more NCHW maps whose N*C rows are split (N*C < 4 CTAs per SM)
+    ((1, 512, 256, 256), 32, torch.float32, False),
+    ((1, 128, 1024, 1024), 32, torch.float16, False),
+    ((4, 32, 512, 512), 8, torch.float32, False),
+    ((2, 64, 16, 64, 64), 8, torch.bfloat16, False),
+    ((1, 128, 20, 256, 256), 32, torch.float32, False),
+    ((1, 256, 512, 512), 32, torch.bfloat16, False),
 ]
 
 
@@ -41,6 +48,7 @@ def main():
     ap.add_argument("--targets", default="264,396,528,792,1056,1584")
     ap.add_argument("--align", default="", help="GNEXT_CHUNK_ALIGN (vectors) for every column (default: the build's)")
     ap.add_argument("--cases", default="", help="comma-separated case indices (default: all)")
+    ap.add_argument("--no-compile", action="store_true", help="no torch.compile column")
     args = ap.parse_args()
     env = {"GNEXT_CHUNK_ALIGN": args.align} if args.align else {}
     cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
@@ -59,8 +67,10 @@ def main():
         dy = torch.randn_like(x)
         _, mean, rstd = ops.group_norm(x, G, w, w, 1e-5)
         nbytes = x.numel() * x.element_size()
-        comp = torch.compile(lambda t: F.group_norm(t, G, w, w, 1e-5))
-        t_comp = timer(lambda: comp(x))
+        t_comp = float("nan")
+        if not args.no_compile:
+            comp = torch.compile(lambda t: F.group_norm(t, G, w, w, 1e-5))
+            t_comp = timer(lambda: comp(x))
         row_f, row_b = [], []
         for t in targets:
             row_f.append(with_env(lambda: timer(lambda: ops.group_norm(x, G, w, w, 1e-5)),
