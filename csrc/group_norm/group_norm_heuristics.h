@@ -282,9 +282,20 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
     // NHWC streamed through stages measured slower than the two-pass kernels (UNet
     // 16x512x128x128 bf16 CL on the H100: 0.48-0.92 ms vs 0.31 ms; docs/kernels.md): not used.
     if (nhwc) return std::nullopt;
-    if (auto g = make(stages, avail / stages / bytes)) return g;
+    // Backward, streamed, groups of 3 or more tiles, more groups than SMs: the two-pass kernels win
+    // (CTAs wait on the other tiles of their group wave after wave). H100 backward op ms one-pass /
+    // two-pass (scripts/dev/onepass_bwd_probe.py, bench_results/onepass_bwd_rule_before_h100.log):
+    // 8x512x4096 fp32 (T = 10) 0.133 / 0.127, 16x256x16000 bf16 0.262 / 0.239, 8x128x128x128 fp16
+    // 0.074 / 0.070, 32x128x8000 bf16 0.134 / 0.131, 16x256x64x64 bf16 0.072 / 0.071. One-pass kept
+    // where it won: T <= 2 (32x256x56x56 bf16 0.102 / 0.108) or at most a group per SM (4x32x512x512
+    // fp32 0.203 / 0.246, 4x128x16384 fp32 0.067 / 0.070). GNEXT_ONEPASS=2 takes it anyway.
+    auto streamed = [&](std::optional<OnePassGeometry> g) -> std::optional<OnePassGeometry> {
+      if (g && bwd && onepass != 2 && g->T >= 3 && U > prop->multiProcessorCount) return std::nullopt;
+      return g;
+    };
+    if (auto g = make(stages, avail / stages / bytes)) return streamed(g);
     if (stages != 2)
-      if (auto g = make(2, avail / 2 / bytes)) return g;
+      if (auto g = make(2, avail / 2 / bytes)) return streamed(g);
     return std::nullopt;
   };
   if (!nhwc) return plan(0);
