@@ -95,7 +95,8 @@ struct RowSplit {
 };
 inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k) {
   const int64_t rows = p.N * p.C;
-  const int64_t K = rows >= target_ctas() ? 1 : std::min(ceil_div(target_ctas(), rows), std::max<int64_t>(1, max_k));
+  const int64_t target = target_ctas();  // one read of GNEXT_TARGET_CTAS per split
+  const int64_t K = rows >= target ? 1 : std::min(ceil_div(target, rows), std::max<int64_t>(1, max_k));
   RowSplit s{};
   // Chunks start on 1 KB boundaries (64 vectors) of an aligned row. Rounded to a vector only, a
   // chunk of HxW / 3 or / 5 started 48-112 bytes into a cache line, and every warp's loads straddled
@@ -289,13 +290,13 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
     // 0.074 / 0.070, 32x128x8000 bf16 0.134 / 0.131, 16x256x64x64 bf16 0.072 / 0.071. One-pass kept
     // where it won: T <= 2 (32x256x56x56 bf16 0.102 / 0.108) or at most a group per SM (4x32x512x512
     // fp32 0.203 / 0.246, 4x128x16384 fp32 0.067 / 0.070). GNEXT_ONEPASS=2 takes it anyway.
-    auto streamed = [&](std::optional<OnePassGeometry> g) -> std::optional<OnePassGeometry> {
-      if (g && bwd && onepass != 2 && g->T >= 3 && U > prop->multiProcessorCount) return std::nullopt;
+    auto streamed = [&](const OnePassGeometry& g) -> std::optional<OnePassGeometry> {
+      if (bwd && onepass != 2 && g.T >= 3 && U > prop->multiProcessorCount) return std::nullopt;
       return g;
     };
-    if (auto g = make(stages, avail / stages / bytes)) return streamed(g);
+    if (auto g = make(stages, avail / stages / bytes)) return streamed(*g);
     if (stages != 2)
-      if (auto g = make(2, avail / 2 / bytes)) return streamed(g);
+      if (auto g = make(2, avail / 2 / bytes)) return streamed(*g);
     return std::nullopt;
   };
   if (!nhwc) return plan(0);

@@ -1,11 +1,11 @@
 """How many CTAs the two-pass GroupNorm kernels should aim for (GNEXT_TARGET_CTAS, default 4 per SM)
 on the large tensors where they run: the NCHW maps whose groups are too large for the one-pass plan
 (SDXL VAE 1x256x1024² bf16, the 2048² bf16 map: 0.93x of torch.compile in the sweep) and large
-channels_last ones. A row of N*C long rows split into K chunks gives N*C*K CTAs; with 512-thread CTAs
-three fit an SM, so 4 per SM (528 on the H100) is 1.3 waves. Forward and backward op times (CUDA
-events, L2 flushed before each call) for several targets in one process, torch.compile's
-F.group_norm beside them; --align sets GNEXT_CHUNK_ALIGN (chunk starts, in vectors). Diagnostic for
-target_ctas() and nchw_row_split() in group_norm_heuristics.h.
+channels_last ones. N*C long rows split into K chunks give N*C*K CTAs. Forward and backward op times
+(CUDA events, L2 flushed before each call) for several targets in one process, torch.compile's
+F.group_norm beside them; --align sets GNEXT_CHUNK_ALIGN (chunk starts, in vectors). On the H100 the
+times followed whether chunks started on a cache line, not the number of waves (docs/kernels.md).
+Diagnostic for target_ctas() and nchw_row_split() in group_norm_heuristics.h.
     python scripts/dev/target_ctas_probe.py [--targets 264,396,528,792,1056,1584] [--align 64] [--cases 0,1]
 """
 from __future__ import annotations
@@ -82,7 +82,6 @@ def main():
         print(f"{name:24s} fwd  " + " ".join(f"{v:7.3f}" for v in row_f) + f" {t_comp:8.3f} {2 * nbytes / bw / 1e6:7.3f}")
         print(f"{'':24s} bwd  " + " ".join(f"{v:7.3f}" for v in row_b) + f" {'':8s} {4 * nbytes / bw / 1e6:7.3f}",
               flush=True)
-
         torch._dynamo.reset()
 
 
