@@ -286,6 +286,67 @@ def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=13)
 
 
+# The wide forward (group_norm_wide.cuh: one CTA per SM, a grid-wide wait per group, each CTA a 1 KB-aligned
+# slice of every group, its start kept in shared memory and the rest re-read from L2). By default only
+# for groups of 24 MB and more; GNEXT_WIDE=2 takes it for these small shapes, GNEXT_ONEPASS=0 keeps the
+# one-pass plan from taking them first, GNEXT_WIDE_HELD caps the shared-memory part of a slice.
+WIDE_CASES = [
+    ((2, 16, 64, 64), 4, None),  # 4 groups of 16384 elements: 1 KB slices, 64 CTAs (fp32)
+    ((1, 8, 1000, 24), 2, None),  # slices of one group cross channel boundaries; the last slice is short
+    ((3, 6, 40, 40), 3, None),  # D = 2, few CTAs
+    ((2, 12, 4000), 4, None),  # 3D
+    ((8, 32, 16, 16), 8, None),  # 64 groups walked in turn
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("held", ["", "0", "1040"])  # all of a slice in shared memory; none; 1040 bytes
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", WIDE_CASES, ids=_ids)
+def test_gpu_wide_forward(case, dtype, held, monkeypatch):
+    monkeypatch.setenv("GNEXT_ONEPASS", "0")
+    monkeypatch.setenv("GNEXT_WIDE", "2")
+    if held:
+        monkeypatch.setenv("GNEXT_WIDE_HELD", held)
+    else:
+        monkeypatch.delenv("GNEXT_WIDE_HELD", raising=False)
+    run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
+    if dtype == torch.float32:  # mean 1e4, std 1: Welford merges; the error left is ulp(mean) / std
+        x = rand_input(case[0], dtype, "cuda", scale=1.0, offset=1e4, gen=torch.Generator().manual_seed(5))
+        out, mean, rstd = torch.ops.gnext.group_norm(x, case[1], None, None, 1e-5)
+        ref, _, ref_rstd = reference(x, case[1], None, None, 1e-5)
+        torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-3, atol=0)
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_wide_forward_is_taken_and_deterministic(monkeypatch):
+    """The default rule takes the wide kernel for 33.6 MB groups (a 1x128x2048x2048 bf16 map); its result
+    is bitwise the same from run to run and matches the two-pass kernels."""
+    x = rand_input((1, 128, 2048, 2048), torch.bfloat16, "cuda")
+    w = torch.rand(128, device="cuda") + 0.5
+    b = torch.randn(128, device="cuda")
+    names = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, w, b, 1e-5))
+    assert any("wide_forward" in n for n in names), names
+    outs = [torch.ops.gnext.group_norm(x, 32, w, b, 1e-5) for _ in range(3)]
+    assert all(torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs)
+    monkeypatch.setenv("GNEXT_WIDE", "0")
+    two = torch.ops.gnext.group_norm(x, 32, w, b, 1e-5)
+    torch.testing.assert_close(outs[0][1], two[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[0][0].float(), two[0].float(), rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_wide_forward_rule_for_epilogues():
+    """16.8 MB groups (1x256x1024x1024 bf16): GroupNorm takes the wide kernel, GroupNorm+SiLU stays on the
+    two-pass kernels (its rule starts at 24 MiB)."""
+    x = rand_input((1, 256, 1024, 1024), torch.bfloat16, "cuda")
+    plain = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, None, None, 1e-5))
+    act = _cuda_kernels(lambda: torch.ops.gnext.group_norm_act(x, 32, None, None, 1e-5, "silu", None))
+    assert any("wide_forward" in n for n in plain), plain
+    assert not any("wide_forward" in n for n in act), act
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", ["", "0", "5", "32", "10000"])  # the default rule (HxW >= 1024: chunks of
 # min(64, HxW/32) rows), the plain split, a non-divisor of HxW, a few chunks, one chunk per image

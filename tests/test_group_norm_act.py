@@ -84,6 +84,17 @@ def test_kernel_paths(onepass, act, shape, G, fmt, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", ["silu", "relu", "tanh_hardswish", "gelu_tanh"])
+def test_wide_forward(act, monkeypatch):
+    """The wide forward kernel (forced: GNEXT_WIDE=2 and no one-pass) with each epilogue and a residual."""
+    monkeypatch.setenv("GNEXT_ONEPASS", "0")
+    monkeypatch.setenv("GNEXT_WIDE", "2")
+    monkeypatch.setenv("GNEXT_WIDE_HELD", "2064")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        _check("cuda", dtype, None, (2, 16, 48, 40), 4, act, with_res=True, seed=11)
+
+
+@pytest.mark.gpu
 def test_deterministic():
     x = rand_input((2, 64, 48, 48), torch.float16, "cuda")
     w = torch.randn(64, device="cuda", dtype=torch.float16)

@@ -96,6 +96,7 @@ struct DeviceProps {
   int multiProcessorCount;
   int major, minor;  // compute capability
   size_t sharedMemPerBlockOptin, sharedMemPerMultiprocessor, reservedSharedMemPerBlock;
+  size_t l2CacheSize;  // bytes
 };
 
 // Of the current device (the ops set it with DeviceGuard first).
@@ -118,6 +119,7 @@ inline const DeviceProps& device_props() {
     p.sharedMemPerBlockOptin = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerBlockOptin));
     p.sharedMemPerMultiprocessor = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
     p.reservedSharedMemPerBlock = static_cast<size_t>(attr(cudaDevAttrReservedSharedMemoryPerBlock));
+    p.l2CacheSize = static_cast<size_t>(attr(cudaDevAttrL2CacheSize));
   });
   return props[dev];
 }

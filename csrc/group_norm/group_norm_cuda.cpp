@@ -132,6 +132,23 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
     if (relayout) copy_into(out, y);
     return {out, mean, rstd};
   }
+  // NCHW groups too large for the one-pass plan: the wide kernel where it pays (wide_geometry).
+  if (const auto wg = nhwc ? std::nullopt
+                           : gn::wide_geometry(p, input.scalar_type(), pro.kind != kPreNone,
+                                               pro.act != kActIdentity || res_ptr != nullptr,
+                                               {x.data_ptr(), y.data_ptr(), res_ptr})) {
+    const int64_t n_partial = s.N * s.G * wg->grid * 3;
+    Scratch ws = scratch(x, n_partial, stream);
+    const Counters counters = zeroed_counters(mean, s.N * s.G, stream);
+    OnePassArgs a{};
+    a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
+    a.wt = param_kind(w, b, ScalarType::Float);
+    a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ws.take(n_partial);
+    a.counters = counters.ptr, a.eps = static_cast<float>(eps), a.pw = pw;
+    GNEXT_CUDA_CHECK(gn::launch_wide_forward(t, p, *wg, a, stream));
+    if (relayout) copy_into(out, y);
+    return {out, mean, rstd};
+  }
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
   const int64_t n_partial = s.N * s.C * rg.K * 3, n_coef = s.N * s.C * 4;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_coef}), stream);

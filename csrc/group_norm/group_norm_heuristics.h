@@ -327,5 +327,46 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   return narrow > 0 ? pays(plan(narrow)) : std::nullopt;
 }
 
+// Wide forward plan (group_norm_wide.cuh) for an NCHW forward that the one-pass plan did not take, or
+// nullopt. One CTA per SM, each a 1 KB-aligned slice of every group, as much of it as fits kept in
+// shared memory (~29 MB over the H100's 132 SMs) and the rest left in L2 between the two reads.
+// It pays only for large groups: every group costs a grid-wide wait, which the saved re-read of x (the
+// group's bytes at DRAM speed) must outweigh. H100, 2026-11-24, forward ms, two-pass / wide / torch.compile
+// (scripts/dev/l2_resident_probe.py --no-probe; bench_results/wide_final_h100.log, wide_forward_h100.log,
+// wide_rule16_h100.log, wide_small_groups_h100.log):
+//   1x128x2048x2048 bf16 (33.6 MB groups): 1.117 / 0.962 / 1.085; GroupNorm+SiLU 1.168 (two-pass, in the
+//   2026-11-23 sweep) / 1.023
+//   1x96x2048x2048 bf16 (25.2 MB): 0.869 / 0.741 / 0.870; GroupNorm+SiLU two-pass not timed / 0.80
+//   1x256x1024x1024 bf16 (16.8 MB): 0.571 / 0.557 / 0.588; but GroupNorm+SiLU 0.577 / 0.601
+//   1x128x1024x1024 fp16 (8.4 MB, the one-pass plan's: 0.253): 0.298 / 0.359
+// Taken for groups of at least kWideMinBytes (kWideMinBytesAct with an output activation or residual,
+// whose arithmetic in the normalize loop costs more at 16.8 MB than the re-read saves) where what
+// shared memory cannot hold is at most a quarter of L2.
+// GNEXT_WIDE: 0 off, 1 that rule (default), 2 wherever it applies (tests, measurements);
+// GNEXT_WIDE_HELD=bytes caps the shared memory per CTA (tests: the L2 part of a slice).
+constexpr int64_t kWideMinBytes = int64_t{16} << 20;
+constexpr int64_t kWideMinBytesAct = int64_t{24} << 20;
+inline std::optional<WideGeometry> wide_geometry(const Problem& p, ScalarType t, bool prologue, bool epilogue,
+                                                 std::initializer_list<const void*> ptrs) {
+  const int mode = env_int("GNEXT_WIDE", 1);
+  const DeviceProps& prop = device_props();
+  if (mode == 0 || prologue || prop.major < 8 || vector_width(t, p.HxW, ptrs) == 1) return std::nullopt;
+  const int64_t esize = element_size(t), L = p.D * p.HxW, bytes = L * esize;
+  if (L >= (int64_t{1} << 31)) return std::nullopt;  // offsets within a group are 32-bit
+  WideGeometry g{};
+  g.slice = round_up(ceil_div(L, prop.multiProcessorCount), 1024 / esize);
+  g.grid = static_cast<unsigned>(ceil_div(L, g.slice));
+  int64_t held = std::min<int64_t>((static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem) / 1024 * 1024,
+                                   g.slice * esize);
+  if (const int cap = env_int("GNEXT_WIDE_HELD", -1); cap >= 0) held = std::min<int64_t>(held, cap / 16 * 16);
+  g.held = held / esize;
+  g.smem = static_cast<size_t>(held);
+  if (mode == 2) return g;
+  const int64_t rest = bytes - static_cast<int64_t>(g.grid) * held;  // re-read from L2
+  if (bytes < (epilogue ? kWideMinBytesAct : kWideMinBytes) || rest > static_cast<int64_t>(prop.l2CacheSize) / 4)
+    return std::nullopt;
+  return g;
+}
+
 }  // namespace gn
 }  // namespace gnext

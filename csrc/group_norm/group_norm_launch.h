@@ -111,6 +111,22 @@ struct OnePassArgs {
 cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
                            cudaStream_t stream);
 
+// "Wide" forward (group_norm_wide.cuh): NCHW groups beyond the one-pass plan (tens of MB), one
+// persistent CTA per SM walking the groups in turn, each CTA a `slice` of every group; the group's
+// second read from shared memory (`held` elements per CTA) and L2. Takes OnePassArgs' x, out, gamma,
+// beta, wt, mean, rstd, partial (N*G*grid Welford states), counters (N*G, zero), eps and pw (output
+// activation and residual; no prologue).
+constexpr int kWideThreads = 512;
+constexpr size_t kWideStaticSmem = 1024;  // bound on the wide kernel's static shared memory
+struct WideGeometry {
+  unsigned grid;  // CTAs, at most one per SM (all co-resident: cooperative launch)
+  int64_t slice;  // elements of each group per CTA, a multiple of 1 KB
+  int64_t held;   // of those, the first `held` are kept in shared memory (a multiple of 16 bytes)
+  size_t smem;    // dynamic shared memory bytes (held * element size)
+};
+cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
+                                cudaStream_t stream);
+
 // Sizes of one reduction state: Welford (mean, m2, n) forward, (sum dy*(x-mean), sum dy) backward.
 constexpr size_t kMomentsStateBytes = 3 * sizeof(float);
 constexpr size_t kGradStateBytes = 2 * sizeof(float);

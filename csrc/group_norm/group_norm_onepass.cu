@@ -4,6 +4,7 @@
 
 #include "group_norm_dispatch.cuh"
 #include "group_norm_onepass.cuh"
+#include "group_norm_wide.cuh"
 
 namespace gnext {
 namespace gn {
@@ -59,6 +60,40 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
       });
     };
     return bwd ? layout(std::true_type{}) : layout(std::false_type{});
+  });
+}
+
+cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
+                                cudaStream_t stream) {
+  if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr) return cudaErrorInvalidValue;
+  return with_scalar(t, [&](auto tt) -> cudaError_t {
+    using T = decltype(tt);
+    auto go = [&](auto aa) -> cudaError_t {
+      constexpr int A = decltype(aa)::value;
+      auto kernel = wide_forward_kernel<T, A>;
+      static std::atomic<int> smem_set[kMaxDevices];  // raise the limit once per device, as launch_onepass
+      int dev = 0;
+      cudaError_t e = cudaGetDevice(&dev);
+      if (e != cudaSuccess) return e;
+      if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
+        if (e != cudaSuccess) return e;
+        if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
+      }
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(g.grid);
+      cfg.blockDim = dim3(kWideThreads);
+      cfg.dynamicSmemBytes = g.smem;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];  // every CTA waits on all others once per group
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      return cudaLaunchKernelEx(&cfg, kernel, a, p.N * p.G, p.D * p.HxW, FastDivmod(static_cast<uint32_t>(p.HxW)),
+                                static_cast<int>(p.G), static_cast<int>(p.D), g.slice, g.held);
+    };
+    return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });
 }
 
