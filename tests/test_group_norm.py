@@ -301,6 +301,7 @@ WIDE_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("held", ["", "0", "1040"])  # all of a slice in shared memory; none; 1040 bytes
+# (the backward, where a slice fits within one channel's HxW, holds that much of x and of dy each)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", WIDE_CASES, ids=_ids)
 def test_gpu_wide_forward(case, dtype, held, monkeypatch):
@@ -311,6 +312,7 @@ def test_gpu_wide_forward(case, dtype, held, monkeypatch):
     else:
         monkeypatch.delenv("GNEXT_WIDE_HELD", raising=False)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
+    run_case(*case, dtype, "cuda", affine="none", seed=29)
     if dtype == torch.float32:  # mean 1e4, std 1: Welford merges; the error left is ulp(mean) / std
         x = rand_input(case[0], dtype, "cuda", scale=1.0, offset=1e4, gen=torch.Generator().manual_seed(5))
         out, mean, rstd = torch.ops.gnext.group_norm(x, case[1], None, None, 1e-5)
@@ -338,13 +340,17 @@ def test_gpu_wide_forward_is_taken_and_deterministic(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_wide_forward_rule_for_epilogues():
-    """16.8 MB groups (1x256x1024x1024 bf16): GroupNorm takes the wide kernel, GroupNorm+SiLU stays on the
-    two-pass kernels (its rule starts at 24 MiB)."""
+    """16.8 MB groups (1x256x1024x1024 bf16): GroupNorm takes the wide kernels, GroupNorm+SiLU's forward stays
+    on the two-pass kernels (its rule starts at 24 MiB)."""
     x = rand_input((1, 256, 1024, 1024), torch.bfloat16, "cuda")
     plain = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, None, None, 1e-5))
     act = _cuda_kernels(lambda: torch.ops.gnext.group_norm_act(x, 32, None, None, 1e-5, "silu", None))
     assert any("wide_forward" in n for n in plain), plain
     assert not any("wide_forward" in n for n in act), act
+    # backward: x + dy are 33.6 MB per group, the wide backward's rule starts at 24 MiB
+    y, mean, rstd = torch.ops.gnext.group_norm(x, 32, None, None, 1e-5)
+    bwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm_backward(y, x, mean, rstd, None, 32, [True, False, False]))
+    assert any("wide_backward" in n for n in bwd), bwd
 
 
 @pytest.mark.gpu

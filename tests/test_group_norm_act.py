@@ -86,12 +86,35 @@ def test_kernel_paths(onepass, act, shape, G, fmt, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["silu", "relu", "tanh_hardswish", "gelu_tanh"])
 def test_wide_forward(act, monkeypatch):
-    """The wide forward kernel (forced: GNEXT_WIDE=2 and no one-pass) with each epilogue and a residual."""
+    """The wide kernels (forced: GNEXT_WIDE=2 and no one-pass) with each epilogue and a residual, forward and
+    backward (the backward where a slice fits within one channel: all but bf16/fp16's 1 KB slices here)."""
     monkeypatch.setenv("GNEXT_ONEPASS", "0")
     monkeypatch.setenv("GNEXT_WIDE", "2")
     monkeypatch.setenv("GNEXT_WIDE_HELD", "2064")
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         _check("cuda", dtype, None, (2, 16, 48, 40), 4, act, with_res=True, seed=11)
+        _check("cuda", dtype, None, (1, 8, 40, 64), 2, act, with_res=False, seed=13)
+
+
+@pytest.mark.gpu
+def test_wide_kernels_large_shared_memory(monkeypatch):
+    """Wide kernels of several activations in one process, each with over 48 KB of shared memory per CTA
+    (each kernel's limit must be raised on its own), forward and backward, against the two-pass kernels."""
+    gen = torch.Generator().manual_seed(3)
+    x = rand_input((1, 32, 1024, 1024), torch.float32, "cuda", gen=gen)
+    w = (torch.randn(32, generator=gen) * 0.5 + 1).cuda()
+    dy = torch.randn(x.shape, generator=gen).cuda()
+    monkeypatch.setenv("GNEXT_ONEPASS", "0")
+    for act in ["identity", "silu", "gelu"]:
+        outs = {}
+        for wide in ("2", "0"):
+            monkeypatch.setenv("GNEXT_WIDE", wide)
+            y, mean, rstd = torch.ops.gnext.group_norm_act(x, 8, w, w, 1e-5, act, None)
+            g = torch.ops.gnext.group_norm_act_backward(dy, x, mean, rstd, w, w, 8, act, [True, True, True])
+            torch.cuda.synchronize()
+            outs[wide] = (y, *g)
+        for a, b in zip(outs["2"], outs["0"]):
+            assert rel_err(a, b) < 1e-5, act
 
 
 @pytest.mark.gpu

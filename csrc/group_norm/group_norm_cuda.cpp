@@ -237,6 +237,28 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     if (relayout) copy_into(*dx, dx_work);
     return {dx, dgamma, dbeta};
   }
+  // NCHW groups too large for the one-pass plan: the wide kernel where it pays (wide_geometry).
+  if (const auto wg = nhwc || !output_mask[0]
+                          ? std::nullopt
+                          : gn::wide_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act != kActIdentity,
+                                              {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()}, /*bwd=*/true)) {
+    const int64_t n_partial = s.N * s.G * wg->grid * 4;
+    Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum}), stream);
+    float* partial = ws.take(n_partial);
+    dsum = ws.take(n_dsum);
+    const Counters counters = zeroed_counters(mean_c, s.N * s.G, stream);
+    OnePassArgs a{};
+    a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
+    a.beta = ptr_or_null(b);
+    a.wt = param_kind(w, b, ScalarType::Float);
+    a.mean = ptr<float>(mean_c), a.rstd = ptr<float>(rstd_c);
+    a.partial = partial, a.dsum = dsum;
+    a.counters = counters.ptr, a.pw = pw;
+    GNEXT_CUDA_CHECK(gn::launch_wide_backward(t, p, *wg, a, stream));
+    gamma_beta();
+    if (relayout) copy_into(*dx, dx_work);
+    return {dx, dgamma, dbeta};
+  }
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes);
   const int64_t n_partial = s.N * s.C * rg.K * 2, n_coef = output_mask[0] ? s.N * s.C * 4 : 0;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum, n_coef}), stream);

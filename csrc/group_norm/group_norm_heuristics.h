@@ -346,25 +346,39 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // GNEXT_WIDE_HELD=bytes caps the shared memory per CTA (tests: the L2 part of a slice).
 constexpr int64_t kWideMinBytes = int64_t{16} << 20;
 constexpr int64_t kWideMinBytesAct = int64_t{24} << 20;
+// Backward (x and dy staged; bytes of both). H100, 2026-11-24 07:31 UTC, backward op ms two-pass / wide
+// (bench_results/wide_bwd_h100.log): 1x128x2048x2048 bf16 (x + dy 67 MB per group) 1.888 / 1.732,
+// 1x96x2048x2048 (50 MB) 1.453 / 1.257, 1x256x1024x1024 (33.6 MB) 0.943 / 0.799, 8x256x1024x1024 7.253 /
+// 6.346; 16.8 MB: 1x128x1024x1024 fp16 0.485 / 0.476 but L1#35 112x64x512x512 fp32 12.566 / 12.846;
+// 8.4 MB (4x256x512x512 bf16) 0.784 / 1.205. So from 24 MiB, and the part beyond shared memory may fill
+// L2 (37 MB at the 2048^2 map still won). With an output activation from 48 MiB: GroupNorm+SiLU backward
+// 1x256x1024x1024 bf16 0.967 / 1.002 (lost), 1x128x2048x2048 2.012 / 1.946 (wide_bwd_final_h100.log).
+constexpr int64_t kWideMinBytesBwd = int64_t{24} << 20;
+constexpr int64_t kWideMinBytesBwdAct = int64_t{48} << 20;
 inline std::optional<WideGeometry> wide_geometry(const Problem& p, ScalarType t, bool prologue, bool epilogue,
-                                                 std::initializer_list<const void*> ptrs) {
+                                                 std::initializer_list<const void*> ptrs, bool bwd = false) {
   const int mode = env_int("GNEXT_WIDE", 1);
   const DeviceProps& prop = device_props();
   if (mode == 0 || prologue || prop.major < 8 || vector_width(t, p.HxW, ptrs) == 1) return std::nullopt;
-  const int64_t esize = element_size(t), L = p.D * p.HxW, bytes = L * esize;
+  const int64_t esize = element_size(t), L = p.D * p.HxW, tensors = bwd ? 2 : 1, bytes = tensors * L * esize;
   if (L >= (int64_t{1} << 31)) return std::nullopt;  // offsets within a group are 32-bit
   WideGeometry g{};
   g.slice = round_up(ceil_div(L, prop.multiProcessorCount), 1024 / esize);
+  // The backward keeps per-channel sums of a slice's first and second channel only.
+  if (bwd && g.slice > p.HxW) return std::nullopt;
   g.grid = static_cast<unsigned>(ceil_div(L, g.slice));
-  int64_t held = std::min<int64_t>((static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem) / 1024 * 1024,
-                                   g.slice * esize);
+  // Per tensor (the backward stages x and dy).
+  int64_t held = std::min<int64_t>(
+      (static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem) / tensors / 1024 * 1024, g.slice * esize);
   if (const int cap = env_int("GNEXT_WIDE_HELD", -1); cap >= 0) held = std::min<int64_t>(held, cap / 16 * 16);
   g.held = held / esize;
-  g.smem = static_cast<size_t>(held);
+  g.smem = static_cast<size_t>(tensors * held);
   if (mode == 2) return g;
-  const int64_t rest = bytes - static_cast<int64_t>(g.grid) * held;  // re-read from L2
-  if (bytes < (epilogue ? kWideMinBytesAct : kWideMinBytes) || rest > static_cast<int64_t>(prop.l2CacheSize) / 4)
-    return std::nullopt;
+  const int64_t rest = bytes - static_cast<int64_t>(g.grid) * tensors * held;  // re-read from L2
+  const int64_t min_bytes = bwd ? (epilogue ? kWideMinBytesBwdAct : kWideMinBytesBwd)
+                                : (epilogue ? kWideMinBytesAct : kWideMinBytes);
+  const int64_t max_rest = static_cast<int64_t>(prop.l2CacheSize) / (bwd ? 1 : 4);
+  if (bytes < min_bytes || rest > max_rest) return std::nullopt;
   return g;
 }
 

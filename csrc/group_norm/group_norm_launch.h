@@ -121,11 +121,16 @@ constexpr size_t kWideStaticSmem = 1024;  // bound on the wide kernel's static s
 struct WideGeometry {
   unsigned grid;  // CTAs, at most one per SM (all co-resident: cooperative launch)
   int64_t slice;  // elements of each group per CTA, a multiple of 1 KB
-  int64_t held;   // of those, the first `held` are kept in shared memory (a multiple of 16 bytes)
-  size_t smem;    // dynamic shared memory bytes (held * element size)
+  int64_t held;   // of those, the first `held` are kept in shared memory (a multiple of 16 bytes; backward:
+                  // of x and of dy each)
+  size_t smem;    // dynamic shared memory bytes
 };
 cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream);
+// Wide backward: x and dy staged (held elements of each), dx written; partial: N*G*grid float4 (sums of the
+// slice's first and second channel), dsum (N, C) (sum dy*(x-mean), sum dy) or null; slice <= HxW.
+cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
+                                 cudaStream_t stream);
 
 // Sizes of one reduction state: Welford (mean, m2, n) forward, (sum dy*(x-mean), sum dy) backward.
 constexpr size_t kMomentsStateBytes = 3 * sizeof(float);

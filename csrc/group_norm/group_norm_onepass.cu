@@ -63,6 +63,38 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
   });
 }
 
+namespace {
+// The wide kernels' launch: one CTA per SM, co-resident (cooperative), their dynamic shared memory limit
+// raised once per device and kernel (as launch_onepass). `Tag` is a distinct type per kernel: the kernels
+// share signatures, so a cache keyed by the kernel's type alone would be shared by all of them (a kernel
+// would then launch without its limit raised).
+template <typename T, int A, bool Bwd>
+struct WideTag {};
+template <typename Tag, typename Kernel, typename... Args>
+cudaError_t launch_wide(Tag, Kernel kernel, const WideGeometry& g, cudaStream_t stream, Args... args) {
+  static std::atomic<int> smem_set[kMaxDevices];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
+    if (e != cudaSuccess) return e;
+    if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(g.grid);
+  cfg.blockDim = dim3(kWideThreads);
+  cfg.dynamicSmemBytes = g.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];  // every CTA waits on all others once per group
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+}  // namespace
+
 cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream) {
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr) return cudaErrorInvalidValue;
@@ -70,28 +102,24 @@ cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeomet
     using T = decltype(tt);
     auto go = [&](auto aa) -> cudaError_t {
       constexpr int A = decltype(aa)::value;
-      auto kernel = wide_forward_kernel<T, A>;
-      static std::atomic<int> smem_set[kMaxDevices];  // raise the limit once per device, as launch_onepass
-      int dev = 0;
-      cudaError_t e = cudaGetDevice(&dev);
-      if (e != cudaSuccess) return e;
-      if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
-        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
-        if (e != cudaSuccess) return e;
-        if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
-      }
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(g.grid);
-      cfg.blockDim = dim3(kWideThreads);
-      cfg.dynamicSmemBytes = g.smem;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];  // every CTA waits on all others once per group
-      attr[0].id = cudaLaunchAttributeCooperative;
-      attr[0].val.cooperative = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      return cudaLaunchKernelEx(&cfg, kernel, a, p.N * p.G, p.D * p.HxW, FastDivmod(static_cast<uint32_t>(p.HxW)),
-                                static_cast<int>(p.G), static_cast<int>(p.D), g.slice, g.held);
+      return launch_wide(WideTag<T, A, false>{}, wide_forward_kernel<T, A>, g, stream, a, p.N * p.G, p.D * p.HxW,
+                         FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G), static_cast<int>(p.D),
+                         g.slice, g.held);
+    };
+    return with_int<0, kActCount>(pw_act(a.pw.mode), go);
+  });
+}
+
+cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
+                                 cudaStream_t stream) {
+  if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || g.slice > p.HxW) return cudaErrorInvalidValue;
+  return with_scalar(t, [&](auto tt) -> cudaError_t {
+    using T = decltype(tt);
+    auto go = [&](auto aa) -> cudaError_t {
+      constexpr int A = decltype(aa)::value;
+      return launch_wide(WideTag<T, A, true>{}, wide_backward_kernel<T, A>, g, stream, a, p.N * p.G, p.D * p.HxW,
+                         FastDivmod(static_cast<uint32_t>(p.HxW)), p.HxW, static_cast<int>(p.G),
+                         static_cast<int>(p.D), g.slice, g.held);
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });

@@ -1,5 +1,6 @@
-// "Wide" GroupNorm forward: NCHW groups too large for the one-pass plan's shared memory (tens of MB,
-// e.g. a 1x128x2048x2048 bf16 VAE map: 33.6 MB per group), read from DRAM once.
+// "Wide" GroupNorm forward and backward: NCHW groups too large for the one-pass plan's shared memory (tens
+// of MB, e.g. a 1x128x2048x2048 bf16 VAE map: 33.6 MB per group), read from DRAM once. The forward is
+// described here; the backward (wide_backward_kernel, below) follows the same schedule with x and dy.
 //
 // One persistent launch of one CTA per SM. The N*G groups are walked one after another; CTA b owns
 // elements [b * slice, (b + 1) * slice) of every group. Per group u:
@@ -11,7 +12,7 @@
 //      memory and L2 (loads and stores marked evict_first), writing out = act((x - mean) * rstd * gamma +
 //      beta) [+ residual], and reads its slice of u + 1 from DRAM (step 1 for u + 1, refilling the stage
 //      entries just consumed).
-// DRAM traffic is 1R + 1W when the part of a group beyond shared memory (grid * held) stays in L2;
+// Forward DRAM traffic is 1R + 1W when the part of a group beyond shared memory (grid * held) stays in L2;
 // the cost is a grid-wide wait per group. Plan and limits: wide_geometry (group_norm_heuristics.h).
 #pragma once
 #include <type_traits>
@@ -183,6 +184,215 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       if (next) q.raw = ldg_hint(xn + i, keep);
       normalize(i, r);
       if (next) absorb(i, &q, One{});
+    }
+  }
+}
+
+// Backward of the same schedule: per group u (mean and rstd known from the forward), the CTA's slice of x
+// and dy gives the per-channel sums (sum dy'*(x - mean), sum dy') of the slice's first and second channel
+// (slice <= HxW: at most two), dy' = dy * act'(n) with an output activation. After the grid-wide wait every
+// CTA merges all partials into the group's A = sum_c gamma_c * sum dy'*(x-mean) and B = sum_c gamma_c *
+// sum dy' (same order everywhere) and writes dx = rstd*gamma_c*dy' + c2*(x - mean) + c3, c2 = -rstd^3*A/M,
+// c3 = -rstd*B/M (M = D*HxW), from shared memory / L2, while reading group u + 1. CTA b also sums the
+// partials of channels b, b + grid, ... of the group into dsum (for dgamma/dbeta, a second kernel).
+// DRAM 2R + 1W (two-pass: 4R + 1W).
+template <typename T, int A>
+__global__ void __launch_bounds__(kWideThreads, 1)
+    wide_backward_kernel(OnePassArgs a, int64_t units, int64_t L, FastDivmod hw, int64_t HxW, int G, int D,
+                         int64_t slice, int64_t held) {
+  constexpr int V = 16 / sizeof(T);
+  using Vec = Pack<T, V>;
+  extern __shared__ __align__(16) uint4 stage[];  // x: held / V vectors, then dy: held / V vectors
+  uint4* const stage_dy = stage + held / V;
+  __shared__ float2 scratch[33];
+  __shared__ float4 coefs;  // (mean, c2, rstd, c3) of the current group
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ dy = static_cast<const T*>(a.dy);
+  T* __restrict__ dx = static_cast<T*>(a.out);
+  auto* partial = reinterpret_cast<float4*>(a.partial);
+  auto* dsum = reinterpret_cast<float2*>(a.dsum);
+  const unsigned nb = gridDim.x;
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * slice;
+  const int64_t hi = min(L, lo + slice);
+  const int64_t d_lo = lo < L ? hw.div(static_cast<uint32_t>(lo)) : 0;  // the slice's first channel in the group
+  const int64_t step = static_cast<int64_t>(blockDim.x) * V;
+  const int64_t first = lo + threadIdx.x * V;
+  const int64_t C = static_cast<int64_t>(G) * D;
+  const uint64_t keep = l2_policy_evict_last(), drop = l2_policy_evict_first();
+
+  // Per group u: mean, rstd; with an activation, dy' needs n = (x - mean) * rstd * gamma + beta.
+  float mu = 0.f, r = 0.f;
+  int64_t c0 = 0;
+  auto setup = [&](int64_t u) {
+    mu = a.mean[u], r = a.rstd[u];
+    c0 = (u % G) * D;
+  };
+  // dy' and x - mean of one vector at element e (channel c).
+  auto grads = [&](int64_t c, const uint4& xr, const uint4& dr, float* xm, float* dd) {
+    Vec xv, dv;
+    xv.raw = xr, dv.raw = dr;
+    float sg = 0.f, sb = 0.f;
+    if constexpr (A != kActIdentity) {
+      sg = r * load_param(a.gamma, a.wt, c, 1.f);
+      sb = load_param(a.beta, a.wt, c, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      xm[j] = to_float(xv.v[j]) - mu;
+      dd[j] = to_float(dv.v[j]);
+      if constexpr (A != kActIdentity) dd[j] *= act_grad<A>(fmaf(sg, xm[j], sb));
+    }
+  };
+  // Statistics of the group being read: sums of the slice's first (s0) and second (s1) channel.
+  float2 s0 = {0.f, 0.f}, s1 = {0.f, 0.f};
+  auto absorb = [&](int64_t e, const uint4& xr, const uint4& dr) {
+    if (e - lo < held) {
+      stage[(e - lo) / V] = xr;
+      stage_dy[(e - lo) / V] = dr;
+    }
+    const int64_t d = hw.div(static_cast<uint32_t>(e));
+    float xm[V], dd[V];
+    grads(c0 + d, xr, dr, xm, dd);
+    float2 t = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      t.x = fmaf(dd[j], xm[j], t.x);
+      t.y += dd[j];
+    }
+    if (d == d_lo) {
+      s0.x += t.x, s0.y += t.y;
+    } else {
+      s1.x += t.x, s1.y += t.y;
+    }
+  };
+
+  setup(0);
+  {
+    int64_t i = first;
+    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
+      uint4 xr[kUnroll], dr[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        xr[k] = ldg_hint(x + i + k * step, keep);
+        dr[k] = ldg_hint(dy + i + k * step, keep);
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) absorb(i + k * step, xr[k], dr[k]);
+    }
+    for (; i < hi; i += step) absorb(i, ldg_hint(x + i, keep), ldg_hint(dy + i, keep));
+  }
+
+  for (int64_t u = 0; u < units; ++u) {
+    const float2 t0 = block_reduce<Sum2Op>(s0, scratch);
+    const float2 t1 = block_reduce<Sum2Op>(s1, scratch);
+    if (threadIdx.x == 0) {
+      partial[u * nb + blockIdx.x] = make_float4(t0.x, t0.y, t1.x, t1.y);
+      arrive(a.counters + u);
+      wait_count(a.counters + u, nb);
+    }
+    __syncthreads();
+    auto part = [&](unsigned j) {
+      const float* q = reinterpret_cast<const float*>(partial + u * nb + j);
+      return make_float4(__ldcg(q), __ldcg(q + 1), __ldcg(q + 2), __ldcg(q + 3));
+    };
+    if (threadIdx.x < 32) {  // warp 0: the group's A and B
+      float2 ab = {0.f, 0.f};
+      for (unsigned j = threadIdx.x; j < nb; j += 32) {
+        const float4 q = part(j);
+        const int64_t d = hw.div(static_cast<uint32_t>(j * slice));
+        const float w0 = load_param(a.gamma, a.wt, c0 + d, 1.f);
+        const float w1 = d + 1 < D ? load_param(a.gamma, a.wt, c0 + d + 1, 1.f) : 0.f;
+        ab.x = fmaf(w0, q.x, fmaf(w1, q.z, ab.x));
+        ab.y = fmaf(w0, q.y, fmaf(w1, q.w, ab.y));
+      }
+      ab = warp_reduce<Sum2Op>(ab);
+      if (threadIdx.x == 0) {
+        const float inv_m = 1.f / static_cast<float>(L);
+        coefs = make_float4(mu, -r * r * r * ab.x * inv_m, r, -r * ab.y * inv_m);
+      }
+    } else if (threadIdx.x < 64 && dsum != nullptr) {  // warp 1: dsum of channels blockIdx.x, + grid, ...
+      const int lane = threadIdx.x - 32;
+      for (int64_t d = blockIdx.x; d < D; d += nb) {
+        const int64_t b0 = d * HxW / slice, b1 = ::min(static_cast<int64_t>(nb) - 1, ((d + 1) * HxW - 1) / slice);
+        float2 t = {0.f, 0.f};
+        for (int64_t j = b0 + lane; j <= b1; j += 32) {
+          const float4 q = part(static_cast<unsigned>(j));
+          const bool second = hw.div(static_cast<uint32_t>(j * slice)) != d;
+          t.x += second ? q.z : q.x;
+          t.y += second ? q.w : q.y;
+        }
+        t = warp_reduce<Sum2Op>(t);
+        if (lane == 0) dsum[(u / G) * C + c0 + d] = t;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) depart(a.counters + u, nb);
+    const float4 k = coefs;
+    const float c2 = k.y, c3 = k.w;
+    const T* xu = x + u * L;
+    const T* du = dy + u * L;
+    T* ou = dx + u * L;
+    const int64_t cu = c0;
+    const bool next = u + 1 < units;
+    s0 = s1 = make_float2(0.f, 0.f);
+    if (next) setup(u + 1);
+    const float mu_u = k.x, r_u = k.z;
+    // dx of one vector of group u (channel cu + d): dy' from x, dy and group u's statistics.
+    int64_t cc = -1;
+    float scale = 0.f, sg = 0.f, sb = 0.f;
+    auto write_dx = [&](int64_t e, const uint4& xr, const uint4& dr) {
+      const int64_t c = cu + hw.div(static_cast<uint32_t>(e));
+      if (c != cc) {
+        cc = c;
+        const float w = load_param(a.gamma, a.wt, c, 1.f);
+        scale = r_u * w;
+        sg = scale;
+        sb = load_param(a.beta, a.wt, c, 0.f);
+      }
+      Vec xv, dv, o;
+      xv.raw = xr, dv.raw = dr;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xm = to_float(xv.v[j]) - mu_u;
+        float d = to_float(dv.v[j]);
+        if constexpr (A != kActIdentity) d *= act_grad<A>(fmaf(sg, xm, sb));
+        o.v[j] = static_cast<T>(fmaf(scale, d, fmaf(c2, xm, c3)));
+      }
+      stg_hint(ou + e, o.raw, drop);
+    };
+    auto fetch = [&](const T* base, const uint4* st, int64_t e) -> uint4 {
+      return e - lo < held ? st[(e - lo) / V] : ldg_hint(base + e, drop);
+    };
+    const T* xn = xu + L;
+    const T* dn = du + L;
+    int64_t i = first;
+    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
+      uint4 xr[kUnroll], dr[kUnroll], xq[kUnroll], dq[kUnroll];
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        xr[q] = fetch(xu, stage, i + q * step);
+        dr[q] = fetch(du, stage_dy, i + q * step);
+      }
+      if (next) {
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          xq[q] = ldg_hint(xn + i + q * step, keep);
+          dq[q] = ldg_hint(dn + i + q * step, keep);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) write_dx(i + q * step, xr[q], dr[q]);
+      if (next) {
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) absorb(i + q * step, xq[q], dq[q]);  // after group u's stage was read
+      }
+    }
+    for (; i < hi; i += step) {
+      const uint4 xr = fetch(xu, stage, i), dr = fetch(du, stage_dy, i);
+      uint4 xq{}, dq{};
+      if (next) xq = ldg_hint(xn + i, keep), dq = ldg_hint(dn + i, keep);
+      write_dx(i, xr, dr);
+      if (next) absorb(i, xq, dq);
     }
   }
 }

@@ -6,7 +6,7 @@ CTAs per SM, shared memory kept per CTA) against gnext's own plan, gnext two-pas
 GNEXT_WIDE=0), gnext's wide kernel (the product version of the probe, group_norm_wide.cuh, forced with
 GNEXT_WIDE=2), GroupNorm+SiLU, torch.compile and the copy-bandwidth floor, in one process, CUDA events
 with the L2 flushed before each call; checks the probe's output against F.group_norm first.
-    python scripts/dev/l2_resident_probe.py [--so .probe/l2res.so] [--cases 0,1] [--no-probe]
+    python scripts/dev/l2_resident_probe.py [--so .probe/l2res.so] [--cases 0,1] [--no-probe] [--bwd]
     python scripts/dev/l2_resident_probe.py --ncu CASE MODE PER_SM STAGE_KB   (one probe launch, for ncu)
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ CASES = [  # (N, C, H, W), G, dtype
     ((1, 128, 1024, 1024), 32, torch.float16),
     ((112, 64, 512, 512), 8, torch.float32),
     ((4, 256, 512, 512), 32, torch.bfloat16),
+    ((8, 256, 1024, 1024), 32, torch.bfloat16),
 ]
 # (mode: bit 0 L2 cache hints, bit 1 one group of lookahead; CTAs per SM; KB of each CTA's slice kept in
 # shared memory between the two reads, without lookahead)
@@ -56,6 +57,7 @@ def main():
     ap.add_argument("--so", default=str(ROOT / ".probe" / "l2res.so"))
     ap.add_argument("--cases", default=",".join(map(str, range(len(CASES)))), help="indices into CASES")
     ap.add_argument("--no-probe", action="store_true", help="gnext and torch.compile only (not the probe kernel)")
+    ap.add_argument("--bwd", action="store_true", help="also the backward op: own plan, two-pass, wide kernel")
     ap.add_argument("--ncu", nargs=4, type=int, metavar=("CASE", "MODE", "PER_SM", "STAGE_KB"),
                     help="run only the probe of CASES[CASE] in MODE at PER_SM CTAs per SM, twice, untimed "
                          "(for ncu: the second launch has warm counters)")
@@ -86,7 +88,7 @@ def main():
     for shape, G, dtype in [CASES[int(i)] for i in args.cases.split(",")]:
         N, C = shape[:2]
         HxW = shape[2] * shape[3]
-        x, w, b, _ = make_inputs(shape, dtype, None, "cuda")
+        x, w, b, dy = make_inputs(shape, dtype, None, "cuda")
         wf, bf = w.float(), b.float()
         y = torch.empty_like(x)
         ws = torch.zeros(N * G * 4096 * 12 + N * G * 4, dtype=torch.uint8, device="cuda")
@@ -124,10 +126,30 @@ def main():
         rows["gnext wide kernel (GNEXT_WIDE=2)"] = (
             timer(with_env(lambda: ge.group_norm(x, G, w, b), GNEXT_ONEPASS="0", GNEXT_WIDE="2")), "")
         rows["gnext GroupNorm+SiLU, own plan"] = (timer(lambda: ge.group_norm_act(x, G, w, b, activation="silu")), "")
+        if args.bwd:
+            _, mean, rstd = torch.ops.gnext.group_norm(x, G, w, b, 1e-5)
+            bwd = lambda: torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True])  # noqa
+            rows["backward: gnext own plan"] = (timer(bwd), "")
+            rows["backward: gnext two-pass (or one-pass)"] = (timer(with_env(bwd, GNEXT_WIDE="0")), "")
+            rows["backward: wide kernel (GNEXT_WIDE=2)"] = (timer(with_env(bwd, GNEXT_WIDE="2", GNEXT_ONEPASS="0")), "")
+            ref_b = with_env(bwd, GNEXT_WIDE="0")()
+            got_b = with_env(bwd, GNEXT_WIDE="2", GNEXT_ONEPASS="0")()
+            errs = [((g.float() - r.float()).norm() / r.float().norm()).item() for g, r in zip(got_b, ref_b)]
+            rows["backward: wide vs two-pass rel err (dx, dw, db)"] = (0.0, " ".join(f"{e:.1e}" for e in errs))
+            _, mean_a, rstd_a = torch.ops.gnext.group_norm_act(x, G, w, b, 1e-5, "silu", None)
+            bwd_a = lambda: torch.ops.gnext.group_norm_act_backward(  # noqa
+                dy, x, mean_a, rstd_a, w, b, G, "silu", [True, True, True])
+            rows["GN+SiLU backward: own plan"] = (timer(bwd_a), "")
+            rows["GN+SiLU backward: two-pass (or one-pass)"] = (timer(with_env(bwd_a, GNEXT_WIDE="0")), "")
+            rows["GN+SiLU backward: wide (GNEXT_WIDE=2)"] = (timer(with_env(bwd_a, GNEXT_WIDE="2", GNEXT_ONEPASS="0")),
+                                                           "")
         comp = torch.compile(lambda t: F.group_norm(t, G, w, b), dynamic=False)
         rows["torch.compile"] = (timer(lambda: comp(x)), "")
         for name, (ms, note) in rows.items():
-            print(f"   {name:38s} {ms:7.3f} ms  ({floor / ms:.2f} of floor)  {note}", flush=True)
+            if ms == 0:
+                print(f"   {name:38s} {note}", flush=True)
+            else:  # the floor is the forward's (1R + 1W); the backward's is 1.5x that (2R + 1W)
+                print(f"   {name:38s} {ms:7.3f} ms  ({floor / ms:.2f} of floor)  {note}", flush=True)
         del x, y, ref, ws
         torch.cuda.empty_cache()
 
