@@ -267,6 +267,8 @@ ONEPASS_CASES = [
     ((3, 96, 7, 9), 3, CL),  # odd HxW, D = 32
     ((2, 64, 8, 16, 16), 8, CL3),  # 5D
     ((6, 64, 1, 1), 8, None),  # HxW = 1 (NHWC kernels)
+    ((64, 512, 1, 1), 32, CL),  # HxW = 1, many groups (NHWC kernels; the NCHW ragged plan measured slower)
+    ((300, 40, 1, 1), 5, None),  # HxW = 1, D = 8
 ]
 
 
