@@ -1,5 +1,5 @@
 // Launch policy of the GroupNorm kernels, as functions of the problem (N, C, G, HxW, dtype, layout)
-// and the device (SM count, shared memory): which design runs (one-pass, two-pass; NCHW or NHWC), the
+// and the device (SM count, shared memory): which design runs (one-pass, wide, two-pass; NCHW or NHWC), the
 // vector width, how rows are split across CTAs, and the one-pass tiling. The host glue
 // (group_norm_cuda.cpp) asks these and launches; nothing here allocates or launches.
 //

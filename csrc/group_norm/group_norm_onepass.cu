@@ -1,4 +1,5 @@
-// Launcher of the one-pass GroupNorm kernels (group_norm_onepass.cuh): dispatch and launch only.
+// Launchers of the persistent GroupNorm kernels: one-pass (group_norm_onepass.cuh) and wide
+// (group_norm_wide.cuh); dispatch and launch only.
 // No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.
 #include <atomic>
 
