@@ -155,17 +155,22 @@ def test_gpu_nchw_grad_out_read_in_place(shape, G, act, dtype, monkeypatch):
     assert outs["1"][0].is_contiguous(memory_format=fmt)
 
 
+def _check_large_mean(shape, G, device, offset, scale):
+    """float32 input of std `scale` around `offset`: rstd within 1e-3 and the output within 2e-3 (relative
+    norm) of the float64 reference."""
+    x = rand_input(shape, torch.float32, device, scale=scale, offset=offset, gen=torch.Generator().manual_seed(5))
+    out, mean, rstd = torch.ops.gnext.group_norm(x, G, None, None, 1e-5)
+    ref, ref_mean, ref_rstd = reference(x, G, None, None, 1e-5)
+    torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-3, atol=0)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("offset,scale", [(1e4, 1.0), (1e3, 0.1)])
 def test_large_mean_small_variance(device, offset, scale):
     """Welford, not E[x^2] - E[x]^2: at mean 1e4, std 1 a naive float32 variance is off by ~ulp(1e8) = 8.
     The output error left is the float32 rounding of the mean itself, ulp(mean) / std."""
-    gen = torch.Generator().manual_seed(5)
-    x = rand_input((2, 8, 32, 32), torch.float32, device, scale=scale, offset=offset, gen=gen)
-    out, mean, rstd = torch.ops.gnext.group_norm(x, 4, None, None, 1e-5)
-    ref, ref_mean, ref_rstd = reference(x, 4, None, None, 1e-5)
-    torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-3, atol=0)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
+    _check_large_mean((2, 8, 32, 32), 4, device, offset, scale)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -288,9 +293,17 @@ def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=13)
 
 
-# The wide forward (group_norm_wide.cuh: one CTA per SM, a grid-wide wait per group, each CTA a 1 KB-aligned
+def _set_knob(monkeypatch, name, value):
+    """Sets the environment knob `name` to `value`, or leaves it unset (its default) for ""."""
+    if value:
+        monkeypatch.setenv(name, value)
+    else:
+        monkeypatch.delenv(name, raising=False)
+
+
+# The wide kernels (group_norm_wide.cuh: one CTA per SM, a grid-wide wait per group, each CTA a 1 KB-aligned
 # slice of every group, its start kept in shared memory and the rest re-read from L2). By default only
-# for groups of 24 MB and more; GNEXT_WIDE=2 takes it for these small shapes, GNEXT_ONEPASS=0 keeps the
+# for large groups (wide_geometry); GNEXT_WIDE=2 takes it for these small shapes, GNEXT_ONEPASS=0 keeps the
 # one-pass plan from taking them first, GNEXT_WIDE_HELD caps the shared-memory part of a slice.
 WIDE_CASES = [
     ((2, 16, 64, 64), 4, None),  # 4 groups of 16384 elements: 1 KB slices, 64 CTAs (fp32)
@@ -306,21 +319,15 @@ WIDE_CASES = [
 # (the backward, where a slice fits within one channel's HxW, holds that much of x and of dy each)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", WIDE_CASES, ids=_ids)
-def test_gpu_wide_forward(case, dtype, held, monkeypatch):
+def test_gpu_wide_kernels(case, dtype, held, monkeypatch):
+    """The wide kernels forward and backward (run_case checks both against the float64 reference)."""
     monkeypatch.setenv("GNEXT_ONEPASS", "0")
     monkeypatch.setenv("GNEXT_WIDE", "2")
-    if held:
-        monkeypatch.setenv("GNEXT_WIDE_HELD", held)
-    else:
-        monkeypatch.delenv("GNEXT_WIDE_HELD", raising=False)
+    _set_knob(monkeypatch, "GNEXT_WIDE_HELD", held)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
     run_case(*case, dtype, "cuda", affine="none", seed=29)
     if dtype == torch.float32:  # mean 1e4, std 1: Welford merges; the error left is ulp(mean) / std
-        x = rand_input(case[0], dtype, "cuda", scale=1.0, offset=1e4, gen=torch.Generator().manual_seed(5))
-        out, mean, rstd = torch.ops.gnext.group_norm(x, case[1], None, None, 1e-5)
-        ref, _, ref_rstd = reference(x, case[1], None, None, 1e-5)
-        torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-3, atol=0)
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
+        _check_large_mean(case[0], case[1], "cuda", 1e4, 1.0)
 
 
 @pytest.mark.gpu
@@ -365,10 +372,7 @@ def test_gpu_nhwc_min_rows(case, dtype, rows, monkeypatch):
     """The two-pass NHWC kernels with the GNEXT_NHWC_MIN_ROWS chunking (fewer, longer chunks); the last
     two cases have HxW >= 1024 (1221: 38-row chunks, the last one short; 1920: 60-row chunks)."""
     monkeypatch.setenv("GNEXT_ONEPASS", "0")
-    if rows:
-        monkeypatch.setenv("GNEXT_NHWC_MIN_ROWS", rows)
-    else:
-        monkeypatch.delenv("GNEXT_NHWC_MIN_ROWS", raising=False)
+    _set_knob(monkeypatch, "GNEXT_NHWC_MIN_ROWS", rows)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=17)
 
 

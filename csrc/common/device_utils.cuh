@@ -1,5 +1,5 @@
-// Device helpers shared by every gnext kernel: float conversion, 16-byte vector loads/stores,
-// cp.async copies, inter-CTA counters, Welford states and their merge (Chan et al.),
+// Device helpers shared by every gnext kernel: float conversion, 16-byte vector loads/stores (also with
+// L2 eviction-priority hints), cp.async copies, inter-CTA counters, Welford states and their merge (Chan et al.),
 // deterministic warp/block reductions, and a 32-bit fast divider.
 #pragma once
 #include <torch/headeronly/util/BFloat16.h>
@@ -68,6 +68,31 @@ __device__ __forceinline__ void store_vec(T* p, const float* in) {
 #pragma unroll
   for (int j = 0; j < V; ++j) pk.v[j] = static_cast<T>(in[j]);
   stg_raw(reinterpret_cast<typename Pack<T, V>::Raw*>(p), pk.raw);
+}
+
+// ---------------------------------------------------------------------------------------------
+// L2 eviction-priority hints (sm_80+): an access policy for a whole access.
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint4 ldg_hint(const void* p, uint64_t pol) {
+  uint4 v;
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ void stg_hint(void* p, const uint4& v, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w), "l"(pol)
+               : "memory");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -119,36 +119,30 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
                 ? onepass_geometry(p, input.scalar_type(), false, nhwc, pro.kind != kPreNone,
                                    {x.data_ptr(), y.data_ptr(), res_ptr})
                 : std::nullopt;
-  if (og) {
-    const int64_t n_partial = s.N * s.G * og->T * 3;  // per (tile, group)
+  // The persistent kernels (one-pass, wide) take the same arguments: n_partial floats of scratch for their
+  // partials, `counters`, and launch(args).
+  auto run_persistent = [&](int64_t n_partial, const Counters& counters,
+                            auto&& launch) -> std::tuple<Tensor, Tensor, Tensor> {
     Scratch ws = scratch(x, n_partial, stream);
-    const Counters counters = onepass_counters(*og, mean, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
     a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ws.take(n_partial);
     a.counters = counters.ptr, a.eps = static_cast<float>(eps), a.pw = pw;
-    GNEXT_CUDA_CHECK(gn::launch_onepass(false, t, p, *og, a, stream));
+    GNEXT_CUDA_CHECK(launch(a));
     if (relayout) copy_into(out, y);
     return {out, mean, rstd};
-  }
+  };
+  if (og)  // partials per (tile, group)
+    return run_persistent(s.N * s.G * og->T * 3, onepass_counters(*og, mean, stream),
+                          [&](const OnePassArgs& a) { return gn::launch_onepass(false, t, p, *og, a, stream); });
   // NCHW groups too large for the one-pass plan: the wide kernel where it pays (wide_geometry).
   if (const auto wg = nhwc ? std::nullopt
                            : gn::wide_geometry(p, input.scalar_type(), pro.kind != kPreNone,
                                                pro.act != kActIdentity || res_ptr != nullptr,
-                                               {x.data_ptr(), y.data_ptr(), res_ptr})) {
-    const int64_t n_partial = s.N * s.G * wg->grid * 3;
-    Scratch ws = scratch(x, n_partial, stream);
-    const Counters counters = zeroed_counters(mean, s.N * s.G, stream);
-    OnePassArgs a{};
-    a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
-    a.wt = param_kind(w, b, ScalarType::Float);
-    a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ws.take(n_partial);
-    a.counters = counters.ptr, a.eps = static_cast<float>(eps), a.pw = pw;
-    GNEXT_CUDA_CHECK(gn::launch_wide_forward(t, p, *wg, a, stream));
-    if (relayout) copy_into(out, y);
-    return {out, mean, rstd};
-  }
+                                               {x.data_ptr(), y.data_ptr(), res_ptr}))  // partials per (group, CTA)
+    return run_persistent(s.N * s.G * wg->grid * 3, zeroed_counters(mean, s.N * s.G, stream),
+                          [&](const OnePassArgs& a) { return gn::launch_wide_forward(t, p, *wg, a, stream); });
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
   const int64_t n_partial = s.N * s.C * rg.K * 3, n_coef = s.N * s.C * 4;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_coef}), stream);
@@ -218,47 +212,36 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
                                                     dgamma ? dgamma->data_ptr() : nullptr,
                                                     dbeta ? dbeta->data_ptr() : nullptr, stream));
   };
-  if (og) {
-    // NCHW: per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
-    const int64_t n_partial = og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2;
+  // The persistent kernels (one-pass, wide) take the same arguments: n_partial floats of scratch for their
+  // partials (then dsum), `counters`, and launch(args); dgamma/dbeta follow from dsum.
+  auto run_persistent = [&](int64_t n_partial, const Counters& counters,
+                            auto&& launch) -> std::tuple<OptTensor, OptTensor, OptTensor> {
     Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum}), stream);
-    float* partial = ws.take(n_partial);
-    dsum = ws.take(n_dsum);
-    const Counters counters = onepass_counters(*og, mean_c, stream);
     OnePassArgs a{};
     a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
     a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
     a.mean = ptr<float>(mean_c), a.rstd = ptr<float>(rstd_c);
-    a.partial = partial, a.dsum = dsum;
+    a.partial = ws.take(n_partial);
+    dsum = a.dsum = ws.take(n_dsum);
     a.counters = counters.ptr, a.pw = pw;
-    GNEXT_CUDA_CHECK(gn::launch_onepass(true, t, p, *og, a, stream));
+    GNEXT_CUDA_CHECK(launch(a));
     gamma_beta();
     if (relayout) copy_into(*dx, dx_work);
     return {dx, dgamma, dbeta};
-  }
+  };
+  if (og)  // NCHW: partials per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
+    return run_persistent(og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2,
+                          onepass_counters(*og, mean_c, stream),
+                          [&](const OnePassArgs& a) { return gn::launch_onepass(true, t, p, *og, a, stream); });
   // NCHW groups too large for the one-pass plan: the wide kernel where it pays (wide_geometry).
   if (const auto wg = nhwc || !output_mask[0]
                           ? std::nullopt
                           : gn::wide_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act != kActIdentity,
-                                              {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()}, /*bwd=*/true)) {
-    const int64_t n_partial = s.N * s.G * wg->grid * 4;
-    Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum}), stream);
-    float* partial = ws.take(n_partial);
-    dsum = ws.take(n_dsum);
-    const Counters counters = zeroed_counters(mean_c, s.N * s.G, stream);
-    OnePassArgs a{};
-    a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
-    a.beta = ptr_or_null(b);
-    a.wt = param_kind(w, b, ScalarType::Float);
-    a.mean = ptr<float>(mean_c), a.rstd = ptr<float>(rstd_c);
-    a.partial = partial, a.dsum = dsum;
-    a.counters = counters.ptr, a.pw = pw;
-    GNEXT_CUDA_CHECK(gn::launch_wide_backward(t, p, *wg, a, stream));
-    gamma_beta();
-    if (relayout) copy_into(*dx, dx_work);
-    return {dx, dgamma, dbeta};
-  }
+                                              {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()}, /*bwd=*/true))
+    // partials: a float4 per (group, CTA)
+    return run_persistent(s.N * s.G * wg->grid * 4, zeroed_counters(mean_c, s.N * s.G, stream),
+                          [&](const OnePassArgs& a) { return gn::launch_wide_backward(t, p, *wg, a, stream); });
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes);
   const int64_t n_partial = s.N * s.C * rg.K * 2, n_coef = output_mask[0] ? s.N * s.C * 4 : 0;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum, n_coef}), stream);

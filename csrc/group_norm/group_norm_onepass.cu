@@ -10,37 +10,53 @@
 namespace gnext {
 namespace gn {
 
+namespace {
+// Launch of a persistent kernel: `grid` CTAs of `threads`, `smem` bytes of dynamic shared memory, all CTAs
+// co-resident (cooperative launch) when they wait on each other. The kernel's shared-memory limit is raised
+// once per device (the call costs host time). `Tag` is a distinct type per kernel: the kernels share
+// signatures, so a cache keyed by the kernel's type alone would be shared by all of them (a kernel would
+// then launch without its limit raised).
+template <typename Tag, typename Kernel, typename... Args>
+cudaError_t launch_persistent(Kernel kernel, unsigned grid, int threads, size_t smem, bool cooperative,
+                              cudaStream_t stream, Args... args) {
+  static std::atomic<int> smem_set[kMaxDevices];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(smem)) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(smem));
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cooperative ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+// Tags of launch_persistent: one-pass kernels by (T, kernel id), wide kernels by (T, activation, bwd).
+template <typename T, int Id>
+struct OnePassTag {};
+template <typename T, int A, bool Bwd>
+struct WideTag {};
+}  // namespace
+
 cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
                            cudaStream_t stream) {
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T);
     if (g.vec != V || g.threads > kOnePassThreads || g.threads % 32 != 0) return cudaErrorInvalidValue;
-    // `tag` is unused in the body: a distinct type per kernel makes each kernel's instantiation of
-    // this lambda, and so its smem_set cache below, distinct (the kernels share signatures).
-    auto go = [&](auto tag, auto kernel, auto... extra) -> cudaError_t {
-      // Raise the kernel's dynamic shared-memory limit once per device (the call costs host time).
-      static std::atomic<int> smem_set[kMaxDevices];
-      int dev = 0;
-      cudaError_t e = cudaGetDevice(&dev);
-      if (e != cudaSuccess) return e;
-      if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
-        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
-        if (e != cudaSuccess) return e;
-        if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
-      }
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(g.grid);
-      cfg.blockDim = dim3(g.threads);
-      cfg.dynamicSmemBytes = g.smem;
-      cfg.stream = stream;
-      // CTAs wait on each other only when a group spans several tiles: then all must be co-resident.
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeCooperative;
-      attr[0].val.cooperative = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = a.counters != nullptr ? 1 : 0;
-      return cudaLaunchKernelEx(&cfg, kernel, a, g, extra...);
+    // CTAs wait on each other only when a group spans several tiles: then all must be co-resident.
+    auto go = [&](auto id, auto kernel, auto... extra) -> cudaError_t {
+      return launch_persistent<OnePassTag<T, decltype(id)::value>>(kernel, g.grid, g.threads, g.smem,
+                                                                   a.counters != nullptr, stream, a, g, extra...);
     };
     auto layout = [&](auto btag) -> cudaError_t {
       constexpr bool B = decltype(btag)::value;
@@ -64,38 +80,6 @@ cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePa
   });
 }
 
-namespace {
-// The wide kernels' launch: one CTA per SM, co-resident (cooperative), their dynamic shared memory limit
-// raised once per device and kernel (as launch_onepass). `Tag` is a distinct type per kernel: the kernels
-// share signatures, so a cache keyed by the kernel's type alone would be shared by all of them (a kernel
-// would then launch without its limit raised).
-template <typename T, int A, bool Bwd>
-struct WideTag {};
-template <typename Tag, typename Kernel, typename... Args>
-cudaError_t launch_wide(Tag, Kernel kernel, const WideGeometry& g, cudaStream_t stream, Args... args) {
-  static std::atomic<int> smem_set[kMaxDevices];
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
-    if (e != cudaSuccess) return e;
-    if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(g.grid);
-  cfg.blockDim = dim3(kWideThreads);
-  cfg.dynamicSmemBytes = g.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];  // every CTA waits on all others once per group
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-}  // namespace
-
 cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream) {
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr) return cudaErrorInvalidValue;
@@ -103,9 +87,10 @@ cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeomet
     using T = decltype(tt);
     auto go = [&](auto aa) -> cudaError_t {
       constexpr int A = decltype(aa)::value;
-      return launch_wide(WideTag<T, A, false>{}, wide_forward_kernel<T, A>, g, stream, a, p.N * p.G, p.D * p.HxW,
-                         FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G), static_cast<int>(p.D),
-                         g.slice, g.held);
+      // cooperative: every CTA waits on all others once per group
+      return launch_persistent<WideTag<T, A, false>>(
+          wide_forward_kernel<T, A>, g.grid, kWideThreads, g.smem, true, stream, a, p.N * p.G, p.D * p.HxW,
+          FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G), static_cast<int>(p.D), g.slice, g.held);
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });
@@ -118,9 +103,10 @@ cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeome
     using T = decltype(tt);
     auto go = [&](auto aa) -> cudaError_t {
       constexpr int A = decltype(aa)::value;
-      return launch_wide(WideTag<T, A, true>{}, wide_backward_kernel<T, A>, g, stream, a, p.N * p.G, p.D * p.HxW,
-                         FastDivmod(static_cast<uint32_t>(p.HxW)), p.HxW, static_cast<int>(p.G),
-                         static_cast<int>(p.D), g.slice, g.held);
+      return launch_persistent<WideTag<T, A, true>>(
+          wide_backward_kernel<T, A>, g.grid, kWideThreads, g.smem, true, stream, a, p.N * p.G, p.D * p.HxW,
+          FastDivmod(static_cast<uint32_t>(p.HxW)), p.HxW, static_cast<int>(p.G), static_cast<int>(p.D), g.slice,
+          g.held);
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });
