@@ -34,11 +34,15 @@ STABLE_TORCH_LIBRARY(gnext, m) {
       " Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, int num_groups, str activation, bool residual,"
       " bool[4] output_mask) -> (Tensor?, Tensor?, Tensor?, Tensor?)");
   // out = GroupNorm(GELU(conv_transpose2d(input, weight) + conv_bias)). z is the conv output
-  // without bias, saved with mean/rstd ((N, num_groups) float32) for the backward.
+  // without bias, saved with mean/rstd ((N, num_groups) float32) for the backward. input_cl: the
+  // input in channels_last where the CUDA op made that copy (input not dense in channels_last), so the
+  // backward's weight gradient reads it instead of transposing the input again; else an empty (0,)
+  // tensor (channels_last input, and on the CPU).
   m.def(
       "conv_transpose2d_gelu_group_norm(Tensor input, Tensor weight, Tensor? conv_bias, int[2] stride,"
       " int[2] padding, int[2] output_padding, int[2] dilation, int groups, int num_groups, Tensor? gn_weight,"
-      " Tensor? gn_bias, float eps, str approximate) -> (Tensor out, Tensor z, Tensor mean, Tensor rstd)");
+      " Tensor? gn_bias, float eps, str approximate)"
+      " -> (Tensor out, Tensor z, Tensor mean, Tensor rstd, Tensor input_cl)");
   // Its backward. output_mask selects (grad_input, grad_weight, grad_conv_bias, grad_gn_weight, grad_gn_bias).
   m.def(
       "conv_transpose2d_gelu_group_norm_backward(Tensor grad_out, Tensor input, Tensor weight, Tensor? conv_bias,"

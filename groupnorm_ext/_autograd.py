@@ -103,11 +103,15 @@ def _lse_grads(ctx, need, grad_out):
 
 
 # conv_transpose2d_gelu_group_norm(input, weight, conv_bias, stride, padding, output_padding, dilation, groups,
-#   num_groups, gn_weight, gn_bias, eps, approximate) -> (out, z, mean, rstd)
+#   num_groups, gn_weight, gn_bias, eps, approximate) -> (out, z, mean, rstd, input_cl)
 def _conv_save(ctx, inputs, output):
     (input, weight, conv_bias, stride, padding, output_padding, dilation, groups, num_groups, gn_weight, gn_bias, _,
      approximate) = inputs
-    _, z, mean, rstd = output
+    _, z, mean, rstd, input_cl = output
+    # The backward gets the forward's channels_last copy of the input where it made one (the weight
+    # gradient reads it; the input itself is not needed), so the input is not transposed twice.
+    if input_cl.dim() == input.dim():
+        input = input_cl
     ctx.save_for_backward(input, weight, conv_bias, z, mean, rstd, gn_weight)
     ctx.args = (stride, padding, output_padding, dilation, groups, num_groups, approximate)
     ctx.gn_bias_dtype = gn_bias.dtype if gn_bias is not None else None

@@ -390,7 +390,7 @@ def conv_transpose2d_gelu_group_norm(input, weight, conv_bias, stride, padding, 
                            groups, dilation).contiguous(memory_format=fmt)
     a, _ = _bias_gelu(z, conv_bias, approximate)
     out, mean, rstd = _group_norm(op, a, num_groups, gn_weight, gn_bias, eps)
-    return out, z, mean, rstd
+    return out, z, mean, rstd, input.new_empty((0,))  # input_cl: the CPU keeps the input's layout
 
 
 def conv_transpose2d_gelu_group_norm_backward(grad_out, input, weight, conv_bias, z, mean, rstd, gn_weight, stride,

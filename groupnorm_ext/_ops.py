@@ -74,7 +74,12 @@ def _conv_transpose2d_gelu_group_norm_fake(input, weight, conv_bias, stride, pad
     z = torch.empty((N, c_out, ho, wo), dtype=input.dtype, device=input.device,
                     memory_format=_fused_compute_format(input))
     stats = input.new_empty((N, num_groups), dtype=torch.float32)
-    return _empty_like_input(z), z, stats, torch.empty_like(stats)
+    # input_cl: the CUDA op's channels_last copy of an input not dense in channels_last; else (0,)
+    if input.device.type == "cuda" and not input.is_contiguous(memory_format=torch.channels_last):
+        input_cl = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=torch.channels_last)
+    else:
+        input_cl = input.new_empty((0,))
+    return _empty_like_input(z), z, stats, torch.empty_like(stats), input_cl
 
 
 @torch.library.register_fake("gnext::conv_transpose2d_gelu_group_norm_backward")

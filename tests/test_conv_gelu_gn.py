@@ -167,8 +167,9 @@ def test_hopper_conv_agrees_with_aten_path(monkeypatch):
         monkeypatch.delenv("GNEXT_CONV")  # the default: ATen/cuDNN conv
         aten = op(xin, w, *args)
         assert not any("ConvUniversal" in n for n in _conv_kernels(lambda: op(xin, w, *args)))
-        for a, b, tol in zip(ours, aten, (5e-3, 2e-3, 2e-3, 2e-3)):
+        for a, b, tol in zip(ours[:4], aten[:4], (5e-3, 2e-3, 2e-3, 2e-3)):
             assert a.shape == b.shape and rel_err(a, b) <= tol
+        assert torch.equal(ours[4], aten[4])  # input_cl: the same channels_last copy (or none)
 
 
 @pytest.mark.gpu
@@ -189,6 +190,35 @@ def test_hopper_conv_off_without_tf32(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", [None, CL, "sliced"])
+def test_input_cl_output_and_saved_input(device, fmt):
+    """The op's input_cl output: on CUDA the channels_last copy of an input not dense in channels_last
+    (NCHW, sliced), which autograd saves in place of the input so the backward does not transpose it
+    again; (0,) for channels_last input and on the CPU. Gradients do not depend on it (checked against
+    float64 in test_matches_float64_reference for both layouts)."""
+    case = CASES[0]
+    gen = torch.Generator().manual_seed(8)
+    N, cin, cout, H, W = case[:5]
+    if fmt == "sliced":
+        x = rand_input((N, cin, H, W + 2), torch.float32, device, scale=1.0, offset=0.5, gen=gen)[..., 1:-1]
+    else:
+        x = rand_input((N, cin, H, W), torch.float32, device, scale=1.0, offset=0.5, memory_format=fmt, gen=gen)
+    w, cb, gw, gb = _params(case, torch.float32, device, gen)
+    args = (cb, [1, 1], [0, 0], [0, 0], [1, 1], 1, case[11], gw, gb, 1e-5, "none")
+    input_cl = torch.ops.gnext.conv_transpose2d_gelu_group_norm(x, w, *args)[4]
+    copied = device == "cuda" and fmt != CL
+    if copied:
+        assert input_cl.shape == x.shape and input_cl.is_contiguous(memory_format=CL) and torch.equal(input_cl, x)
+    else:
+        assert input_cl.shape == (0,)
+    xl = x.detach().requires_grad_()
+    y = ge.conv_transpose2d_gelu_group_norm(xl, w, cb, case[11], gw, gb)
+    saved = y.grad_fn.saved_tensors[0]
+    assert torch.equal(saved, x)
+    assert saved.is_contiguous(memory_format=CL) if copied else saved.data_ptr() == xl.data_ptr()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     gen = torch.Generator().manual_seed(5)
     for case, fmt in ((CASES[0], None), (CASES[1], CL), (CASES[2], None)):
@@ -199,7 +229,7 @@ def test_opcheck(device):
         op_f = torch.ops.gnext.conv_transpose2d_gelu_group_norm.default
         torch.library.opcheck(op_f, args)
         torch.library.opcheck(op_f, (x.requires_grad_(), w.requires_grad_()) + args[2:])
-        _, z, mean, rstd = op_f(*args)
+        _, z, mean, rstd, _ = op_f(*args)
         dy = torch.randn(z.shape, generator=gen).to(device)
         for mask in ([True, True, True, True, True], [True, False, False, False, False],
                      [False, False, True, True, True]):

@@ -212,7 +212,7 @@ def _ops_step(x, wc, gw, gb, res, dy1, dy3):
         y, mean, rstd = torch.ops.gnext.group_norm_act(x, 8, gw, gb, 1e-5, act, res)
         out += [y, mean, rstd, *torch.ops.gnext.group_norm_act_backward(dy1, x, mean, rstd, gw, gb, 8, act,
                                                                           [True, True, True])]
-    y3, z, m3, r3 = torch.ops.gnext.conv_transpose2d_gelu_group_norm(x, wc, gb, [1, 1], [0, 0], [0, 0], [1, 1], 1, 8,
+    y3, z, m3, r3, _ = torch.ops.gnext.conv_transpose2d_gelu_group_norm(x, wc, gb, [1, 1], [0, 0], [0, 0], [1, 1], 1, 8,
                                                                     gw, gb, 1e-5, "none")
     # backward without the conv gradients (cuDNN's weight gradient is not deterministic by default)
     out += [y3, z, m3, r3, *[t for t in torch.ops.gnext.conv_transpose2d_gelu_group_norm_backward(

@@ -11,7 +11,9 @@
 //    Opt-in: on the H100 at L2#19 its conv + epilogue (3.9 ms) costs more than cuDNN's conv plus the
 //    statistics pass it saves (2.9 + 0.9 ms).
 // The backward runs the GroupNorm backward with the GELU backward fused (one kernel family writes dz),
-// then the conv's data and weight gradients through ATen. CPU kernels and autograd:
+// then the conv's data and weight gradients through ATen. An input that is not channels_last is
+// transposed once: the forward returns that copy (input_cl) and autograd hands it to the backward as
+// its `input`, whose weight gradient needs it in channels_last. CPU kernels and autograd:
 // groupnorm_ext/_cpu.py, _autograd.py.
 #include <Python.h>
 
@@ -146,14 +148,23 @@ std::optional<conv_sm90::ConvProblem> sm90_problem(const Tensor& input, const Te
   return p;
 }
 
-// Forward on the Hopper conv: returns (out, z, mean, rstd) like the ATen path.
-std::tuple<Tensor, Tensor, Tensor, Tensor> fused_sm90(const conv_sm90::ConvProblem& p, const Tensor& input,
+// The op's input_cl output: x (the input in kFormat) where the input was not dense in kFormat, else an
+// empty (0,) tensor (the rule of the fake kernel in groupnorm_ext/_ops.py).
+Tensor input_cl_output(const Tensor& input, const Tensor& x) {
+  return is_dense_in(input, kFormat) ? empty_on(input, {0}, input.scalar_type()) : x;
+}
+
+using Outputs = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;  // out, z, mean, rstd, input_cl
+
+// Forward on the Hopper conv: returns (out, z, mean, rstd, input_cl) like the ATen path.
+Outputs fused_sm90(const conv_sm90::ConvProblem& p, const Tensor& input,
                                                       const Tensor& weight, int64_t num_groups,
                                                       const OptTensor& gn_weight, const OptTensor& gn_bias,
                                                       double eps, const Pointwise& pro) {
   const Tensor z = empty_on(input, {int64_t(p.N), int64_t(p.K), int64_t(p.P), int64_t(p.Q)}, ScalarType::Float, kFormat);
   const GNShape s = check_group_norm_args(kOp, z, num_groups, gn_weight, gn_bias);
-  Tensor x = input_in_kformat(input);
+  const Tensor x_cl = input_in_kformat(input);
+  Tensor x = x_cl;
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) {  // TMA needs 16-byte aligned rows
     Tensor aligned = empty_as(x, kFormat);
     copy_into(aligned, x);
@@ -181,10 +192,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_sm90(const conv_sm90::ConvProbl
                                              defined(gb) ? ptr<float>(*gb) : nullptr, static_cast<float>(eps),
                                              ptr<float>(mean), ptr<float>(rstd), ptr<float>(coef), stream));
   Tensor out = group_norm_affine_cuda(z, s, coef, pro);
-  return {out, z, mean, rstd};
+  return {out, z, mean, rstd, input_cl_output(input, x_cl)};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> fused_cuda(const Tensor& input, const Tensor& weight,
+Outputs fused_cuda(const Tensor& input, const Tensor& weight,
                                                       const OptTensor& conv_bias, IntList stride, IntList padding,
                                                       IntList output_padding, IntList dilation, int64_t groups,
                                                       int64_t num_groups, const OptTensor& gn_weight,
@@ -199,12 +210,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_cuda(const Tensor& input, const
   // The conv (cuDNN picks its algorithm; TF32 per torch.backends.cudnn.allow_tf32) in kFormat; z is
   // made dense in it so the fake kernel (groupnorm_ext/_ops.py) knows its strides.
   const OptTensor no_bias;
-  auto st = call_op<8>("aten::conv_transpose2d", "input", input_in_kformat(input), weight, no_bias,
+  const Tensor x_cl = input_in_kformat(input);
+  auto st = call_op<8>("aten::conv_transpose2d", "input", x_cl, weight, no_bias,
                        IntArrayRef(stride), IntArrayRef(padding), IntArrayRef(output_padding), groups,
                        IntArrayRef(dilation));
   const Tensor z = dense_in(to<Tensor>(st[0]), kFormat);
   auto [out, mean, rstd] = group_norm_cuda_pre(kOp, z, num_groups, gn_weight, gn_bias, eps, pro);
-  return {out, z, mean, rstd};
+  return {out, z, mean, rstd, input_cl_output(input, x_cl)};
 }
 
 std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor> fused_backward_cuda(

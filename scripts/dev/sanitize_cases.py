@@ -62,7 +62,7 @@ def pointwise_cases():
             wc = torch.randn(16, 32, 3, 3, device="cuda", generator=g) * 0.1
             cb = torch.randn(32, device="cuda", generator=g)
             torch.backends.cudnn.allow_tf32 = False
-            out, z, m, s = torch.ops.gnext.conv_transpose2d_gelu_group_norm(
+            out, z, m, s, _ = torch.ops.gnext.conv_transpose2d_gelu_group_norm(
                 xc, wc, cb, [2, 2], [1, 1], [1, 1], [1, 1], 1, 8, None, None, 1e-5, "tanh")
             dyc = torch.randn(out.shape, device="cuda", generator=g)
             grads = torch.ops.gnext.conv_transpose2d_gelu_group_norm_backward(
