@@ -162,6 +162,15 @@ def _register(op_name, save, grads):
     _lib.impl(op_name, kernel, "Autograd", with_keyset=True)
 
 
+def _c_apply(cls):
+    """``cls.apply`` without the Python layer that ``torch.autograd.Function.apply`` has before torch
+    2.14 (binding default arguments for ``setup_context``, which these Functions do not define, and a
+    pytree pass that unwraps dead functorch wrappers, which only exist under functorch transforms, and
+    those calls take the op instead): the C function ``_FunctionBase.apply`` that torch 2.14 assigns to
+    ``Function.apply`` itself. Host time per GroupNorm+SiLU layer: see docs/benchmarks.md."""
+    return torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)
+
+
 def _eager(op_name, save, grads):
     """``torch.ops.gnext.<op_name>(*args)[0]`` for the functional API, with less host time in eager mode.
 
@@ -190,8 +199,8 @@ def _eager(op_name, save, grads):
     def backward(ctx, grad_out):
         return grads(ctx, ctx.needs_input_grad, grad_out)
 
-    apply = type(f"{op_name}_eager", (torch.autograd.Function,),
-                 {"forward": staticmethod(forward), "backward": staticmethod(backward)}).apply
+    apply = _c_apply(type(f"{op_name}_eager", (torch.autograd.Function,),
+                          {"forward": staticmethod(forward), "backward": staticmethod(backward)}))
 
     def call(*args):
         if is_compiling() or type(args[0]) is not Tensor or functorch_active():

@@ -11,6 +11,14 @@ host + GPU), reported as per-round ratios to eager:
   gnext_plain  convert_group_norm(model): GroupNorm only, no activation fusion, no block forward
   eager_nogc / gnext_nogc   Python's garbage collector off during the step (autograd.Function
                contexts are GC-tracked Python objects; ATen's nodes are not)
+  gnext_pyapply  gnext with its eager entry calling torch.autograd.Function.apply's Python layer
+               (torch < 2.14), as before groupnorm_ext._autograd._c_apply
+  eager_pynode eager's own kernels (aten::native_group_norm and its backward) behind a Python
+               autograd.Function per nn.GroupNorm, as gnext's nodes are (the stable ABI has no C++
+               autograd): what a Python backward node costs in this step, without gnext's kernels
+
+Besides wall time, the process CPU time per step (time.process_time: every thread, the autograd
+engine's included) is reported: host work that the machine's run-to-run noise in wall time hides.
 
     python scripts/dev/unet_attribution.py [--rounds 15] [--row unet2d-train-bf16]
 Diagnostic; the product table comes from scripts/bench/real_models.py.
@@ -23,6 +31,7 @@ import gc
 import random
 import statistics
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -42,6 +51,54 @@ def nchw_inputs(model):
             cls_forward = type(m).forward
             m.forward = types.MethodType(lambda self, x, *a, _f=cls_forward: _f(self, x.contiguous(), *a), m)
     return model
+
+
+class _PyNodeGN(torch.autograd.Function):
+    """F.group_norm through ATen's kernels with a Python backward node (eager_pynode)."""
+
+    @staticmethod
+    def forward(ctx, x, num_groups, weight, bias, eps):
+        n, c = x.shape[:2]
+        out, mean, rstd = torch.ops.aten.native_group_norm(x, weight, bias, n, c, x.numel() // (n * c),
+                                                           num_groups, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.num_groups = num_groups
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        n, c = x.shape[:2]
+        dx, dw, db = torch.ops.aten.native_group_norm_backward(
+            dy.contiguous(), x, mean, rstd, weight, n, c, x.numel() // (n * c), ctx.num_groups,
+            [ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]])
+        return dx, None, dw, db, None
+
+
+def py_nodes(model):
+    """Every nn.GroupNorm of model runs _PyNodeGN (ATen's kernels, a Python autograd node)."""
+    for m in model.modules():
+        if type(m) is torch.nn.GroupNorm:
+            m.forward = types.MethodType(
+                lambda self, x: _PyNodeGN.apply(x.contiguous(), self.num_groups, self.weight, self.bias, self.eps), m)
+    return model
+
+
+def py_apply(fn):
+    """fn with the functional API's eager entries built on torch.autograd.Function.apply (Python layer)."""
+    from groupnorm_ext import _autograd as ag, functional
+    c_apply, ag._c_apply = ag._c_apply, (lambda cls: cls.apply)
+    entries = {op: ag._eager(op, *ag._OPS[op]) for op in ("group_norm", "group_norm_act")}
+    ag._c_apply = c_apply
+
+    def run():
+        saved = functional._group_norm, functional._group_norm_act
+        functional._group_norm, functional._group_norm_act = entries["group_norm"], entries["group_norm_act"]
+        try:
+            return fn()
+        finally:
+            functional._group_norm, functional._group_norm_act = saved
+    return run
 
 
 def no_gc(fn):
@@ -69,6 +126,8 @@ def main():
            "gnext_nchw": step_fn(nchw_inputs(ge.convert_group_norm_act(copy.deepcopy(orig))), inputs, train),
            "gnext_plain": step_fn(ge.convert_group_norm(copy.deepcopy(orig)), inputs, train)}
     fns["eager_nogc"], fns["gnext_nogc"] = no_gc(fns["eager"]), no_gc(fns["gnext"])
+    fns["eager_pynode"] = step_fn(py_nodes(copy.deepcopy(orig)), inputs, train)
+    fns["gnext_pyapply"] = py_apply(step_fn(ge.convert_group_norm_act(copy.deepcopy(orig)), inputs, train))
     for f in fns.values():
         for _ in range(3):
             f()
@@ -76,22 +135,27 @@ def main():
     n = max(1, int(300 / max(wall_ms(fns["eager"], sync, 1), 1e-3)))
     rng = random.Random(0)
     times = {v: [] for v in fns}
+    cpu = {v: [] for v in fns}
     for r in range(args.rounds):
         order = list(fns)
         rng.shuffle(order)
         for v in order:
+            c0 = time.process_time()
             times[v].append(wall_ms(fns[v], sync, n))
+            cpu[v].append((time.process_time() - c0) / n * 1e3)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
-    print(f"{'variant':12s} {'ms/step':>8s} {'[min..max]':>16s}   eager/variant per round: median [min..max] wins")
-    for v, t in times.items():
-        ratios = [e / x for e, x in zip(times["eager"], t)]
-        print(f"{v:12s} {statistics.median(t):8.2f} [{min(t):6.2f}..{max(t):6.2f}]   "
-              f"{statistics.median(ratios):.3f} [{min(ratios):.2f}..{max(ratios):.2f}] "
-              f"{sum(x > 1 for x in ratios)}/{len(ratios)}")
-    base = times["gnext"]
-    for v in ("gnext_nchw", "gnext_plain", "gnext_nogc"):
-        ratios = [g / x for g, x in zip(base, times[v])]
-        print(f"gnext/{v}: {statistics.median(ratios):.3f} [{min(ratios):.2f}..{max(ratios):.2f}]")
+    for name, t_all in (("wall", times), ("process CPU", cpu)):
+        print(f"\n{name} time per step")
+        print(f"{'variant':12s} {'ms/step':>8s} {'[min..max]':>16s}   eager/variant per round: median [min..max] wins")
+        for v, t in t_all.items():
+            ratios = [e / x for e, x in zip(t_all["eager"], t)]
+            print(f"{v:12s} {statistics.median(t):8.2f} [{min(t):6.2f}..{max(t):6.2f}]   "
+                  f"{statistics.median(ratios):.3f} [{min(ratios):.2f}..{max(ratios):.2f}] "
+                  f"{sum(x > 1 for x in ratios)}/{len(ratios)}")
+        base = t_all["gnext"]
+        for v in ("gnext_nchw", "gnext_plain", "gnext_nogc", "gnext_pyapply"):
+            ratios = [g / x for g, x in zip(base, t_all[v])]
+            print(f"gnext/{v}: {statistics.median(ratios):.3f} [{min(ratios):.2f}..{max(ratios):.2f}]")
 
 
 if __name__ == "__main__":
