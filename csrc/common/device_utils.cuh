@@ -297,6 +297,22 @@ __device__ __forceinline__ float pre_apply_grad(float z, float b, float& a) {
 }
 
 
+// exp(x) and 1/x as one MUFU instruction each (PTX ex2.approx.ftz / rcp.approx.ftz; relative error
+// ~2^-22 and ~2^-23). __expf and __fdividef compile to the same MUFU ops plus scaling around them for
+// subnormal inputs and results (the .ftz-less PTX forms), which the activations never need: exp's
+// subnormal results (x < -87.3) and 1/d for d >= 2^126 become 0, as the exact values round to within
+// 1e-37 of it in the products they feed.
+__device__ __forceinline__ float exp_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+__device__ __forceinline__ float rcp_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // tanh from one exp: sign(x) * (1 - 2 / (exp(2|x|) + 1)). Absolute error ~1e-7, so its relative error
 // grows for |x| << 1: for values that are summed afterwards (the logsumexp kernels), not for outputs.
 __device__ __forceinline__ float tanh_one_exp(float x) {
@@ -318,10 +334,10 @@ __device__ __forceinline__ float act_apply(float n) {
   if constexpr (A == kActIdentity) {
     return n;
   } else if constexpr (A == kActSilu) {
-    // __fdividef: MUFU.RCP and a multiply, where '/' adds a Newton step, a range check and a
-    // slow-path call per element (32 calls in the unrolled one-pass loop). n < -87: exp(-n) = inf or
-    // beyond 2^126, the quotient is (-)0, as the exact n * sigmoid(n) rounds to within 1e-36 of it.
-    return __fdividef(n, 1.f + __expf(-n));
+    // Two MUFU ops and two multiplies (exp_ftz, rcp_ftz), where '/' adds a Newton step, a range check
+    // and a slow-path call per element. n < -87: exp(-n) = inf or beyond 2^126, the product is (-)0, as
+    // the exact n * sigmoid(n) rounds to within 1e-36 of it.
+    return n * rcp_ftz(1.f + exp_ftz(-n));
   } else if constexpr (A == kActGelu) {
     return 0.5f * n * (1.f + erff(n * 0.70710678118654752f));
   } else if constexpr (A == kActGeluTanh) {
@@ -343,7 +359,7 @@ __device__ __forceinline__ float act_grad(float n) {
   if constexpr (A == kActIdentity) {
     return 1.f;
   } else if constexpr (A == kActSilu) {
-    const float s = __fdividef(1.f, 1.f + __expf(-n));  // as act_apply
+    const float s = rcp_ftz(1.f + exp_ftz(-n));  // as act_apply
     return s * (1.f + n * (1.f - s));
   } else if constexpr (A == kActGelu) {
     const float cdf = 0.5f * (1.f + erff(n * 0.70710678118654752f));
