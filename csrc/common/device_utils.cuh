@@ -381,4 +381,17 @@ __device__ __forceinline__ float act_grad(float n) {
   }
 }
 
+// The backward through an output activation: dy' = dy * act'(n), n = sg * xm + sb (xm = x - mean,
+// sg = rstd * gamma, sb = beta), the same fmaf the forward normalized with, so the derivative is taken
+// at the value the forward produced (kinks of ReLU/hardswish included). Every backward kernel (two-pass,
+// one-pass, wide) feeds its GroupNorm sums and its dx step with dy'.
+template <int A>
+__device__ __forceinline__ float act_dy(float dy, float xm, float sg, float sb) {
+  if constexpr (A == kActIdentity) {
+    return dy;
+  } else {
+    return dy * act_grad<A>(fmaf(sg, xm, sb));
+  }
+}
+
 }  // namespace gnext

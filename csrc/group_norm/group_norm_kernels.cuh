@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   auto epi_dy = [&](float* xs, float* ds, int n) {
     if constexpr (R::kNeedsDy && A != kActIdentity) {
-      for (int e = 0; e < n; ++e) ds[e] *= act_grad<A>(fmaf(sg, xs[e] - mu, sb));
+      for (int e = 0; e < n; ++e) ds[e] = act_dy<A>(ds[e], xs[e] - mu, sg, sb);
     }
   };
 
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
             xj[u] = pre_apply<P>(xs[u][j], pb[j]);
-            dj[u] = kEpi ? ds[u][j] * act_grad<A>(fmaf(sg[j], xj[u] - mu[j], sb[j])) : ds[u][j];
+            dj[u] = act_dy<kEpi ? A : kActIdentity>(ds[u][j], xj[u] - mu[j], sg[j], sb[j]);
           }
           R::template accumulate<kUnroll>(s[j], xj, dj, mu[j]);
         }
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           xs[j] = pre_apply<P>(xs[j], pb[j]);
-          if constexpr (kEpi) ds[j] *= act_grad<A>(fmaf(sg[j], xs[j] - mu[j], sb[j]));
+          ds[j] = act_dy<kEpi ? A : kActIdentity>(ds[j], xs[j] - mu[j], sg[j], sb[j]);
           R::template accumulate<1>(s[j], xs + j, ds + j, mu[j]);
         }
       }
@@ -343,7 +343,7 @@ __device__ __forceinline__ float pw_affine(const float4& k, float x, float dy, f
   } else if constexpr (!HasDy) {
     return act_apply<A>(channel_affine<false>(k, x, 0.f));
   } else {
-    return channel_affine<true>(k, x, dy * act_grad<A>(fmaf(k.z, x - k.x, pc)));
+    return channel_affine<true>(k, x, act_dy<A>(dy, x - k.x, k.z, pc));
   }
 }
 

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           const float xa = pre_apply<Pre>(xv[e], pb);
-          const float d = A != kActIdentity ? dv[e] * act_grad<A>(fmaf(sg, xa - mu, sb)) : dv[e];
+          const float d = act_dy<A>(dv[e], xa - mu, sg, sb);
           s.x = fmaf(d, xa - mu, s.x);
           s.y += d;
         }
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
         for (int e = 0; e < V; ++e) {
           float xa;
           const float g = pre_apply_grad<Pre>(xv[e], pb, xa);
-          const float dd = A != kActIdentity ? dv[e] * act_grad<A>(fmaf(scale, xa - mu, beta)) : dv[e];
+          const float dd = act_dy<A>(dv[e], xa - mu, scale, beta);
           const float d = fmaf(scale, dd, fmaf(c2, xa - mu, c3));
           xv[e] = Pre == kPreNone ? d : d * g;
         }

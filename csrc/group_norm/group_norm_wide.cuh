@@ -215,8 +215,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       xm[j] = to_float(xv.v[j]) - mu;
-      dd[j] = to_float(dv.v[j]);
-      if constexpr (A != kActIdentity) dd[j] *= act_grad<A>(fmaf(sg, xm[j], sb));
+      dd[j] = act_dy<A>(to_float(dv.v[j]), xm[j], sg, sb);
     }
   };
   // Statistics of the group being read: sums of the slice's first (s0) and second (s1) channel.
@@ -330,8 +329,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float xm = to_float(xv.v[j]) - mu_u;
-        float d = to_float(dv.v[j]);
-        if constexpr (A != kActIdentity) d *= act_grad<A>(fmaf(sg, xm, sb));
+        const float d = act_dy<A>(to_float(dv.v[j]), xm, sg, sb);
         o.v[j] = static_cast<T>(fmaf(scale, d, fmaf(c2, xm, c3)));
       }
       stg_hint(ou + e, o.raw, drop);
