@@ -297,9 +297,9 @@ __device__ __forceinline__ float pre_apply_grad(float z, float b, float& a) {
 }
 
 
-// exp(x) and 1/x as one MUFU instruction each (PTX ex2.approx.ftz / rcp.approx.ftz; relative error
-// ~2^-22 and ~2^-23). __expf and __fdividef compile to the same MUFU ops plus scaling around them for
-// subnormal inputs and results (the .ftz-less PTX forms), which the activations never need: exp's
+// exp(x) and 1/x as one MUFU instruction each (PTX ex2.approx.ftz / rcp.approx.ftz): the approximations
+// __expf and __fdividef use, without the scaling around them for subnormal inputs and results (the
+// .ftz-less PTX forms), which the activations never need: exp's
 // subnormal results (x < -87.3) and 1/d for d >= 2^126 become 0, as the exact values round to within
 // 1e-37 of it in the products they feed.
 __device__ __forceinline__ float exp_ftz(float x) {
