@@ -30,9 +30,9 @@ import groupnorm_ext as ge  # noqa: E402
 G = 8
 
 
-def native(x, w, b):
+def native(x, g, w, b, eps):
     n, c = x.shape[:2]
-    return torch.ops.aten.native_group_norm(x, w, b, n, c, x.numel() // (n * c), G, 1e-5)
+    return torch.ops.aten.native_group_norm(x, w, b, n, c, x.numel() // (n * c), g, eps)
 
 
 def native_bwd(dy, x, w, m, r, g, need):
@@ -41,10 +41,13 @@ def native_bwd(dy, x, w, m, r, g, need):
                                                      [need[0], need[2], need[3]])
 
 
-class Saved(torch.autograd.Function):
+class PyNodeGroupNorm(torch.autograd.Function):
+    """F.group_norm(x, g, w, b, eps) through ATen's kernels with a Python backward node (py_saved here,
+    eager_pynode in unet_attribution.py)."""
+
     @staticmethod
     def forward(ctx, x, g, w, b, eps):
-        out, m, r = native(x, w, b)
+        out, m, r = native(x, g, w, b, eps)
         ctx.save_for_backward(x, w, m, r)
         ctx.g = g
         return out
@@ -59,7 +62,7 @@ class Saved(torch.autograd.Function):
 class Attr(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, g, w, b, eps):
-        out, m, r = native(x, w, b)
+        out, m, r = native(x, g, w, b, eps)
         ctx.t = (x, w, m, r)
         ctx.g = g
         return out
@@ -74,7 +77,7 @@ class Attr(torch.autograd.Function):
 class Noop(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, g, w, b, eps):
-        return native(x, w, b)[0]
+        return native(x, g, w, b, eps)[0]
 
     @staticmethod
     def backward(ctx, dy):
@@ -99,7 +102,7 @@ def main():
     ag._c_apply = c_apply
     variants = {
         "cpp": lambda x: F.group_norm(x, G, w, b),
-        "py_saved": lambda x: Saved.apply(x, G, w, b, 1e-5),
+        "py_saved": lambda x: PyNodeGroupNorm.apply(x, G, w, b, 1e-5),
         "py_attr": lambda x: Attr.apply(x, G, w, b, 1e-5),
         "py_noop": lambda x: Noop.apply(x, G, w, b, 1e-5),
         "gnext": lambda x: ge.group_norm(x, G, w, b),

@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 import groupnorm_ext as ge  # noqa: E402
 from real_models import _cast, build, step_fn, wall_ms  # noqa: E402
 
+from pynode_cost import PyNodeGroupNorm  # noqa: E402  (this folder, first on sys.path when run as a script)
+
 
 def nchw_inputs(model):
     """Every gnext norm module of model makes its input contiguous (NCHW) before normalizing."""
@@ -53,34 +55,13 @@ def nchw_inputs(model):
     return model
 
 
-class _PyNodeGN(torch.autograd.Function):
-    """F.group_norm through ATen's kernels with a Python backward node (eager_pynode)."""
-
-    @staticmethod
-    def forward(ctx, x, num_groups, weight, bias, eps):
-        n, c = x.shape[:2]
-        out, mean, rstd = torch.ops.aten.native_group_norm(x, weight, bias, n, c, x.numel() // (n * c),
-                                                           num_groups, eps)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.num_groups = num_groups
-        return out
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        n, c = x.shape[:2]
-        dx, dw, db = torch.ops.aten.native_group_norm_backward(
-            dy.contiguous(), x, mean, rstd, weight, n, c, x.numel() // (n * c), ctx.num_groups,
-            [ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]])
-        return dx, None, dw, db, None
-
-
 def py_nodes(model):
-    """Every nn.GroupNorm of model runs _PyNodeGN (ATen's kernels, a Python autograd node)."""
+    """Every nn.GroupNorm of model runs PyNodeGroupNorm (ATen's kernels, a Python autograd node)."""
     for m in model.modules():
         if type(m) is torch.nn.GroupNorm:
             m.forward = types.MethodType(
-                lambda self, x: _PyNodeGN.apply(x.contiguous(), self.num_groups, self.weight, self.bias, self.eps), m)
+                lambda self, x: PyNodeGroupNorm.apply(x.contiguous(), self.num_groups, self.weight, self.bias,
+                                                      self.eps), m)
     return model
 
 
