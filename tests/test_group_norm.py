@@ -304,7 +304,8 @@ def _set_knob(monkeypatch, name, value):
 # The wide kernels (group_norm_wide.cuh: one CTA per SM, a grid-wide wait per group, each CTA a 1 KB-aligned
 # slice of every group, its start kept in shared memory and the rest re-read from L2). By default only
 # for large groups (wide_geometry); GNEXT_WIDE=2 takes it for these small shapes, GNEXT_ONEPASS=0 keeps the
-# one-pass plan from taking them first, GNEXT_WIDE_HELD caps the shared-memory part of a slice.
+# one-pass plan from taking them first, GNEXT_WIDE_HELD caps the shared-memory part of a slice (of each of
+# the forward's two stage buffers with its look-ahead; GNEXT_WIDE_AHEAD=0: one buffer, no look-ahead).
 WIDE_CASES = [
     ((2, 16, 64, 64), 4, None),  # 4 groups of 16384 elements: 1 KB slices, 64 CTAs (fp32)
     ((1, 8, 1000, 24), 2, None),  # slices of one group cross channel boundaries; the last slice is short
@@ -315,15 +316,17 @@ WIDE_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ahead", ["", "0"])
 @pytest.mark.parametrize("held", ["", "0", "1040"])  # all of a slice in shared memory; none; 1040 bytes
 # (the backward, where a slice fits within one channel's HxW, holds that much of x and of dy each)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", WIDE_CASES, ids=_ids)
-def test_gpu_wide_kernels(case, dtype, held, monkeypatch):
+def test_gpu_wide_kernels(case, dtype, held, ahead, monkeypatch):
     """The wide kernels forward and backward (run_case checks both against the float64 reference)."""
     monkeypatch.setenv("GNEXT_ONEPASS", "0")
     monkeypatch.setenv("GNEXT_WIDE", "2")
     _set_knob(monkeypatch, "GNEXT_WIDE_HELD", held)
+    _set_knob(monkeypatch, "GNEXT_WIDE_AHEAD", ahead)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
     run_case(*case, dtype, "cuda", affine="none", seed=29)
     if dtype == torch.float32:  # mean 1e4, std 1: Welford merges; the error left is ulp(mean) / std
@@ -349,13 +352,16 @@ def test_gpu_wide_forward_is_taken_and_deterministic(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_wide_forward_rule_for_epilogues():
-    """16.8 MB groups (1x256x1024x1024 bf16): GroupNorm takes the wide kernels, GroupNorm+SiLU's forward stays
-    on the two-pass kernels (its rule starts at 24 MiB)."""
+    """16.8 MB groups (1x256x1024x1024 bf16): GroupNorm and GroupNorm+SiLU take the wide forward (with its
+    look-ahead, the activation no longer tips the balance to the two-pass kernels); 4.2 MB groups do not."""
     x = rand_input((1, 256, 1024, 1024), torch.bfloat16, "cuda")
     plain = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, None, None, 1e-5))
     act = _cuda_kernels(lambda: torch.ops.gnext.group_norm_act(x, 32, None, None, 1e-5, "silu", None))
     assert any("wide_forward" in n for n in plain), plain
-    assert not any("wide_forward" in n for n in act), act
+    assert any("wide_forward" in n for n in act), act
+    small = x[:, :128, :512].contiguous()  # 4.2 MB groups
+    act_small = _cuda_kernels(lambda: torch.ops.gnext.group_norm_act(small, 32, None, None, 1e-5, "silu", None))
+    assert not any("wide_forward" in n for n in act_small), act_small
     # backward: x + dy are 33.6 MB per group, the wide backward's rule starts at 24 MiB
     y, mean, rstd = torch.ops.gnext.group_norm(x, 32, None, None, 1e-5)
     bwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm_backward(y, x, mean, rstd, None, 32, [True, False, False]))

@@ -329,23 +329,24 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 
 // Wide forward plan (group_norm_wide.cuh) for an NCHW forward that the one-pass plan did not take, or
 // nullopt. One CTA per SM, each a 1 KB-aligned slice of every group, as much of it as fits kept in
-// shared memory (~29 MB over the H100's 132 SMs) and the rest left in L2 between the two reads.
-// It pays only for large groups: every group costs a grid-wide wait, which the saved re-read of x (the
-// group's bytes at DRAM speed) must outweigh. H100, 2026-11-24, forward ms, two-pass / wide / torch.compile
-// (scripts/dev/l2_resident_probe.py --no-probe; bench_results/wide_final_h100.log, wide_forward_h100.log,
-// wide_rule16_h100.log, wide_small_groups_h100.log):
-//   1x128x2048x2048 bf16 (33.6 MB groups): 1.117 / 0.962 / 1.085; GroupNorm+SiLU 1.168 (two-pass, in the
-//   2026-11-23 sweep) / 1.023
-//   1x96x2048x2048 bf16 (25.2 MB): 0.869 / 0.741 / 0.870; GroupNorm+SiLU two-pass not timed / 0.80
-//   1x256x1024x1024 bf16 (16.8 MB): 0.571 / 0.557 / 0.588; but GroupNorm+SiLU 0.577 / 0.601
-//   1x128x1024x1024 fp16 (8.4 MB, the one-pass plan's: 0.253): 0.298 / 0.359
-// Taken for groups of at least kWideMinBytes (kWideMinBytesAct with an output activation or residual,
-// whose arithmetic in the normalize loop costs more at 16.8 MB than the re-read saves) where what
-// shared memory cannot hold is at most a quarter of L2.
+// shared memory (~29 MB over the H100's 132 SMs; ~15 MB per group with the look-ahead's two buffers) and
+// the rest left in L2 between the two reads. It pays only for large groups: every group costs a grid-wide
+// wait, which the saved re-read of x (the group's bytes at DRAM speed) must outweigh. H100, forward ms,
+// two-pass / wide without look-ahead / wide with it / torch.compile (scripts/dev/l2_resident_probe.py
+// --no-probe; bench_results/wide_final_h100.log 2026-11-24 and wide_ahead_h100.log 2026-11-24 10:50 UTC):
+//   1x256x1024x1024 bf16 (16.8 MB groups): 0.571 / 0.559 / 0.505 / 0.588; GroupNorm+SiLU 0.576 / 0.601 / 0.542
+//   1x128x2048x2048 bf16 (33.6 MB): 1.119 / 0.966 / - (3 groups' L2 parts would not fit half of L2) / 1.083;
+//   GroupNorm+SiLU 1.121 / 1.024
+//   1x96x2048x2048 bf16 (25.2 MB): 0.871 / 0.746 / - / 0.868; GroupNorm+SiLU 0.881 / 0.802
+//   1x128x1024x1024 fp16 (8.4 MB, the one-pass plan's: 0.255): 0.300 / 0.362 / 0.297; GroupNorm+SiLU
+//   one-pass 0.288, wide 0.312
+//   4x256x512x512 bf16 (4.2 MB, one-pass 0.510): 0.555 / 0.945 / 0.735
+// Taken for groups of at least kWideMinBytes, with or without an output activation, where what shared
+// memory cannot hold is at most a quarter of L2 (with the look-ahead: a sixth).
 // GNEXT_WIDE: 0 off, 1 that rule (default), 2 wherever it applies (tests, measurements);
-// GNEXT_WIDE_HELD=bytes caps the shared memory per CTA (tests: the L2 part of a slice).
+// GNEXT_WIDE_HELD=bytes caps the shared memory per CTA and buffer (tests: the L2 part of a slice);
+// GNEXT_WIDE_AHEAD=0: no look-ahead (measurements, tests).
 constexpr int64_t kWideMinBytes = int64_t{16} << 20;
-constexpr int64_t kWideMinBytesAct = int64_t{24} << 20;
 // Backward (x and dy staged; bytes of both). H100, 2026-11-24 07:31 UTC, backward op ms two-pass / wide
 // (bench_results/wide_bwd_h100.log): 1x128x2048x2048 bf16 (x + dy 67 MB per group) 1.888 / 1.732,
 // 1x96x2048x2048 (50 MB) 1.453 / 1.257, 1x256x1024x1024 (33.6 MB) 0.943 / 0.799, 8x256x1024x1024 7.253 /
@@ -367,17 +368,28 @@ inline std::optional<WideGeometry> wide_geometry(const Problem& p, ScalarType t,
   // The backward keeps per-channel sums of a slice's first and second channel only.
   if (bwd && g.slice > p.HxW) return std::nullopt;
   g.grid = static_cast<unsigned>(ceil_div(L, g.slice));
-  // Per tensor (the backward stages x and dy).
-  int64_t held = std::min<int64_t>(
-      (static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem) / tensors / 1024 * 1024, g.slice * esize);
-  if (const int cap = env_int("GNEXT_WIDE_HELD", -1); cap >= 0) held = std::min<int64_t>(held, cap / 16 * 16);
-  g.held = held / esize;
-  g.smem = static_cast<size_t>(tensors * held);
+  // Shared memory per tensor (the backward stages x and dy) and per buffer (the forward with ahead = 1 has
+  // two), and the bytes of each group beyond it, read back from L2.
+  int64_t rest = 0;
+  auto fill = [&](int ahead) {
+    const int64_t parts = tensors * (1 + ahead);
+    int64_t held = std::min<int64_t>(
+        (static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem) / parts / 1024 * 1024, g.slice * esize);
+    if (const int cap = env_int("GNEXT_WIDE_HELD", -1); cap >= 0) held = std::min<int64_t>(held, cap / 16 * 16);
+    g.held = held / esize;
+    g.ahead = ahead;
+    g.smem = static_cast<size_t>(parts * held);
+    rest = bytes - static_cast<int64_t>(g.grid) * tensors * held;
+  };
+  // L2 holds the rest of every group between its two reads: the forward has 2 + ahead groups' rests there at
+  // once (the one normalized, the ones read), kept under half of L2 (the writes stream through the rest);
+  // the backward's one or two under all of it. GNEXT_WIDE_AHEAD=0 turns the forward's look-ahead off.
+  const int64_t l2 = static_cast<int64_t>(prop.l2CacheSize);
+  fill(!bwd && env_int("GNEXT_WIDE_AHEAD", 1) != 0 ? 1 : 0);
+  if (g.ahead == 1 && 3 * rest > l2 / 2) fill(0);
   if (mode == 2) return g;
-  const int64_t rest = bytes - static_cast<int64_t>(g.grid) * tensors * held;  // re-read from L2
-  const int64_t min_bytes = bwd ? (epilogue ? kWideMinBytesBwdAct : kWideMinBytesBwd)
-                                : (epilogue ? kWideMinBytesAct : kWideMinBytes);
-  const int64_t max_rest = static_cast<int64_t>(prop.l2CacheSize) / (bwd ? 1 : 4);
+  const int64_t min_bytes = bwd ? (epilogue ? kWideMinBytesBwdAct : kWideMinBytesBwd) : kWideMinBytes;
+  const int64_t max_rest = bwd ? l2 : l2 / 4;
   if (bytes < min_bytes || rest > max_rest) return std::nullopt;
   return g;
 }

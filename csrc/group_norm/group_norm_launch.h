@@ -122,7 +122,8 @@ struct WideGeometry {
   unsigned grid;  // CTAs, at most one per SM (all co-resident: cooperative launch)
   int64_t slice;  // elements of each group per CTA, a multiple of 1 KB
   int64_t held;   // of those, the first `held` are kept in shared memory (a multiple of 16 bytes; backward:
-                  // of x and of dy each)
+                  // of x and of dy each; forward: in each of its 1 + ahead buffers)
+  int ahead;      // forward: groups read ahead of the one being normalized (0 or 1); backward: 0
   size_t smem;    // dynamic shared memory bytes
 };
 cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,

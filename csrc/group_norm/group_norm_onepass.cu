@@ -90,7 +90,8 @@ cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeomet
       // cooperative: every CTA waits on all others once per group
       return launch_persistent<WideTag<T, A, false>>(
           wide_forward_kernel<T, A>, g.grid, kWideThreads, g.smem, true, stream, a, p.N * p.G, p.D * p.HxW,
-          FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G), static_cast<int>(p.D), g.slice, g.held);
+          FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G), static_cast<int>(p.D), g.slice, g.held,
+          g.ahead);
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });

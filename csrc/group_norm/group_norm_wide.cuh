@@ -4,16 +4,19 @@
 //
 // One persistent launch of one CTA per SM. The N*G groups are walked one after another; CTA b owns
 // elements [b * slice, (b + 1) * slice) of every group. Per group u:
-//   1. statistics: the CTA has read its slice of u (Welford), kept the first `held` elements in shared
-//      memory and marked the loads of the rest L2 evict_last; it publishes its partial and arrives on
-//      u's counter;
+//   1. statistics: the CTA reads its slice of u (Welford), keeps the first `held` elements in shared
+//      memory, marks the loads of the rest L2 evict_last, publishes its partial and arrives on u's counter
+//      without waiting;
 //   2. after every CTA arrived: each CTA merges all partials in the same fixed order (bitwise the same
 //      mean/rstd everywhere, no float atomics), then, in one loop, normalizes its slice of u from shared
 //      memory and L2 (loads and stores marked evict_first), writing out = act((x - mean) * rstd * gamma +
-//      beta) [+ residual], and reads its slice of u + 1 from DRAM (step 1 for u + 1, refilling the stage
-//      entries just consumed).
-// Forward DRAM traffic is 1R + 1W when the part of a group beyond shared memory (grid * held) stays in L2;
-// the cost is a grid-wide wait per group. Plan and limits: wide_geometry (group_norm_heuristics.h).
+//      beta) [+ residual], and reads its slice of group u + 1 + ahead from DRAM (step 1 for that group,
+//      refilling the stage entries just consumed).
+// With ahead = 0, a CTA that has read group u waits there for the slowest CTA's read of u: the DRAM stream
+// stops once per group. With ahead = 1 (two stage buffers, each half the shared memory) group u + 1 has
+// been read before u's wait, so the partials of u are complete by then in all but a lagging CTA.
+// Forward DRAM traffic is 1R + 1W when the part of a group beyond shared memory (grid * held) stays in L2.
+// Plan and limits: wide_geometry (group_norm_heuristics.h).
 #pragma once
 #include <type_traits>
 
@@ -27,10 +30,11 @@ namespace gn {
 template <typename T, int A>
 __global__ void __launch_bounds__(kWideThreads, 1)
     wide_forward_kernel(OnePassArgs a, int64_t units, int64_t L, FastDivmod hw, int G, int D, int64_t slice,
-                        int64_t held) {
+                        int64_t held, int ahead) {
   constexpr int V = 16 / sizeof(T);
   using Vec = Pack<T, V>;
-  extern __shared__ __align__(16) uint4 stage[];  // the first `held` elements of this CTA's slice
+  // 1 + ahead buffers, each the first `held` elements of this CTA's slice of one group (group v: buffer v % nbuf)
+  extern __shared__ __align__(16) uint4 stage[];
   __shared__ WelfordState scratch[33];
   __shared__ float2 stat;
   const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -38,61 +42,78 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   T* __restrict__ out = static_cast<T*>(a.out);
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const unsigned nb = gridDim.x;
+  const int nbuf = 1 + ahead;
   const int64_t lo = static_cast<int64_t>(blockIdx.x) * slice;
   const int64_t hi = min(L, lo + slice);
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   const int64_t first = lo + threadIdx.x * V;  // this thread's vectors: first, first + step, ...
   const uint64_t keep = l2_policy_evict_last(), drop = l2_policy_evict_first();
+  auto buffer = [&](int64_t v) { return stage + (v % nbuf) * (held / V); };
 
   // Statistics of a group being read: its vectors q[0..n) at element e, e + step, ... join the Welford
-  // state s, and those within the first `held` elements of the slice are kept in shared memory. Every
+  // state s, and those within the first `held` elements of the slice are kept in shared memory (buf). Every
   // thread reads back only the stage entries it wrote, so no barrier guards them.
   WelfordState s = WelfordOp::identity();
-  auto absorb = [&](int64_t e, const Vec* q, auto n_tag) {
+  auto absorb = [&](uint4* buf, int64_t e, const Vec* q, auto n_tag) {
     constexpr int n = decltype(n_tag)::value;
     float v[n * V];
 #pragma unroll
     for (int k = 0; k < n; ++k) {
-      if (e + k * step - lo < held) stage[(e + k * step - lo) / V] = q[k].raw;
+      if (e + k * step - lo < held) buf[(e + k * step - lo) / V] = q[k].raw;
 #pragma unroll
       for (int j = 0; j < V; ++j) v[k * V + j] = to_float(q[k].v[j]);
     }
     s = welford_merge(s, welford_of<n * V>(v));
   };
+  // Publish this CTA's partial of group v (no wait: that comes when group v is normalized).
+  auto publish = [&](int64_t v) {
+    s = block_reduce<WelfordOp>(s, scratch);
+    if (threadIdx.x == 0) {
+      partial[v * nb + blockIdx.x] = s;
+      arrive(a.counters + v);
+    }
+    s = WelfordOp::identity();
+  };
   using Unrolled = std::integral_constant<int, kUnroll>;
   using One = std::integral_constant<int, 1>;
 
-  // Group 0: statistics only.
-  {
+  // Groups 0 .. ahead: statistics only.
+  for (int64_t v = 0; v < min(static_cast<int64_t>(nbuf), units); ++v) {
+    uint4* const buf = buffer(v);
+    const T* xv = x + v * L;
     int64_t i = first;
     for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
       Vec q[kUnroll];
 #pragma unroll
-      for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(x + i + k * step, keep);
-      absorb(i, q, Unrolled{});
+      for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xv + i + k * step, keep);
+      absorb(buf, i, q, Unrolled{});
     }
     for (; i < hi; i += step) {
       Vec q;
-      q.raw = ldg_hint(x + i, keep);
-      absorb(i, &q, One{});
+      q.raw = ldg_hint(xv + i, keep);
+      absorb(buf, i, &q, One{});
     }
+    publish(v);
   }
 
   for (int64_t u = 0; u < units; ++u) {
-    // Group u's statistics: publish this CTA's partial, wait for every CTA's, merge them all in the same
-    // order in every CTA.
-    s = block_reduce<WelfordOp>(s, scratch);
-    if (threadIdx.x == 0) {
-      partial[u * nb + blockIdx.x] = s;
-      arrive(a.counters + u);
-      wait_count(a.counters + u, nb);
-    }
+    // Group u's statistics: wait for every CTA's partial (published a group or two ago), merge them all in
+    // the same order in every CTA.
+    if (threadIdx.x == 0) wait_count(a.counters + u, nb);
     __syncthreads();
     if (threadIdx.x < 32) {
+      // Lane l merges partials l, l + 32, ...: all its loads issued before the first merge (one L2 round
+      // trip, not one per partial; up to 8 * 32 CTAs at once).
       WelfordState m = WelfordOp::identity();
-      for (unsigned j = threadIdx.x; j < nb; j += 32) {
-        const float* p = reinterpret_cast<const float*>(partial + u * nb + j);
-        m = welford_merge(m, WelfordState{__ldcg(p), __ldcg(p + 1), __ldcg(p + 2)});
+      for (unsigned j0 = threadIdx.x; j0 < nb; j0 += 8 * 32) {
+        WelfordState q[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float* p = reinterpret_cast<const float*>(partial + u * nb + j0 + k * 32);
+          q[k] = j0 + k * 32 < nb ? WelfordState{__ldcg(p), __ldcg(p + 1), __ldcg(p + 2)} : WelfordOp::identity();
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m = welford_merge(m, q[k]);
       }
       m = warp_reduce<WelfordOp>(m);
       if (threadIdx.x == 0) {
@@ -103,18 +124,20 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       }
     }
     __syncthreads();
-    s = WelfordOp::identity();
 
-    // Normalize group u from shared memory and L2 while reading group u + 1 from DRAM (its statistics,
-    // its stage): one loop, so that the DRAM reads, the writes and the arithmetic overlap.
+    // Normalize group u from shared memory and L2 while reading group w = u + nbuf from DRAM (its
+    // statistics, and its stage: the same buffer, refilled entry by entry as group u's are consumed): one
+    // loop, so that the DRAM reads, the writes and the arithmetic overlap.
     const float mu = stat.x, rstd = stat.y;
     const int c0 = static_cast<int>(u % G) * D;
     const T* xu = x + u * L;
     T* ou = out + u * L;
     const T* ru = res != nullptr ? res + u * L : nullptr;
-    const bool next = u + 1 < units;
-    const T* xn = xu + L;
-    auto fetch = [&](int64_t e) -> uint4 { return e - lo < held ? stage[(e - lo) / V] : ldg_hint(xu + e, drop); };
+    const int64_t w = u + nbuf;
+    const bool next = w < units;
+    const T* xn = x + w * L;
+    uint4* const buf = buffer(u);
+    auto fetch = [&](int64_t e) -> uint4 { return e - lo < held ? buf[(e - lo) / V] : ldg_hint(xu + e, drop); };
     // A slice spans one or two channels: gamma and beta are loaded when the channel changes.
     int64_t cc = -1;
     float scale = 0.f, shift = 0.f;
@@ -152,15 +175,16 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       }
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) normalize(i + k * step, r[k]);
-      if (next) absorb(i, q, Unrolled{});  // after the stage entries of group u were read
+      if (next) absorb(buf, i, q, Unrolled{});  // after the stage entries of group u were read
     }
     for (; i < hi; i += step) {
       const uint4 r = fetch(i);
       Vec q;
       if (next) q.raw = ldg_hint(xn + i, keep);
       normalize(i, r);
-      if (next) absorb(i, &q, One{});
+      if (next) absorb(buf, i, &q, One{});
     }
+    if (next) publish(w);
   }
 }
 

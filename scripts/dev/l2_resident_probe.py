@@ -125,7 +125,19 @@ def main():
                                                  GNEXT_WIDE="0")), "")
         rows["gnext wide kernel (GNEXT_WIDE=2)"] = (
             timer(with_env(lambda: ge.group_norm(x, G, w, b), GNEXT_ONEPASS="0", GNEXT_WIDE="2")), "")
-        rows["gnext GroupNorm+SiLU, own plan"] = (timer(lambda: ge.group_norm_act(x, G, w, b, activation="silu")), "")
+        for ahead in ("1", "0"):
+            got = with_env(lambda: ge.group_norm(x, G, w, b), GNEXT_ONEPASS="0", GNEXT_WIDE="2", GNEXT_WIDE_AHEAD=ahead)()
+            err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+            rows[f"gnext wide ahead={ahead}: max rel err vs F.group_norm(fp32)"] = (0.0, f"{err:.1e}")
+        rows["gnext wide, no look-ahead (GNEXT_WIDE_AHEAD=0)"] = (
+            timer(with_env(lambda: ge.group_norm(x, G, w, b), GNEXT_ONEPASS="0", GNEXT_WIDE="2",
+                           GNEXT_WIDE_AHEAD="0")), "")
+        gn_silu = lambda: ge.group_norm_act(x, G, w, b, activation="silu")  # noqa: E731
+        rows["gnext GroupNorm+SiLU, own plan"] = (timer(gn_silu), "")
+        rows["gnext GroupNorm+SiLU, two-pass"] = (timer(with_env(gn_silu, GNEXT_ONEPASS="0", GNEXT_WIDE="0")), "")
+        rows["gnext GroupNorm+SiLU, wide"] = (timer(with_env(gn_silu, GNEXT_ONEPASS="0", GNEXT_WIDE="2")), "")
+        rows["gnext GroupNorm+SiLU, wide, no look-ahead"] = (
+            timer(with_env(gn_silu, GNEXT_ONEPASS="0", GNEXT_WIDE="2", GNEXT_WIDE_AHEAD="0")), "")
         if args.bwd:
             _, mean, rstd = torch.ops.gnext.group_norm(x, G, w, b, 1e-5)
             bwd = lambda: torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True])  # noqa
