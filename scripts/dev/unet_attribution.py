@@ -13,6 +13,9 @@ host + GPU), reported as per-round ratios to eager:
                contexts are GC-tracked Python objects; ATen's nodes are not)
   gnext_pyapply  gnext with its eager entry calling torch.autograd.Function.apply's Python layer
                (torch < 2.14), as before groupnorm_ext._autograd._c_apply
+  aten_gnext   the original model with ATen's CUDA kernels of aten::native_group_norm and its backward
+               replaced (torch.library, Python kernels) by gnext's ops: ATen's C++ autograd node, gnext's
+               kernels, no activation fusion; on only while this variant is timed
   eager_pynode eager's own kernels (aten::native_group_norm and its backward) behind a Python
                autograd.Function per nn.GroupNorm, as gnext's nodes are (the stable ABI has no C++
                autograd): what a Python backward node costs in this step, without gnext's kernels
@@ -26,6 +29,7 @@ Diagnostic; the product table comes from scripts/bench/real_models.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import random
@@ -82,6 +86,35 @@ def py_apply(fn):
     return run
 
 
+class AtenGnext:
+    """aten::native_group_norm / native_group_norm_backward on CUDA run gnext's ops while entered. Mean and
+    rstd are returned in ATen's dtype (input's, or float32 when weight's dtype differs)."""
+
+    def __enter__(self):
+        self.lib = torch.library.Library("aten", "IMPL")
+        gn, gnb = torch.ops.gnext.group_norm.default, torch.ops.gnext.group_norm_backward.default
+
+        def fwd(x, w, b, N, C, HxW, group, eps):
+            y, mean, rstd = gn(x, group, w, b, eps)
+            dt = x.dtype if w is None or w.dtype == x.dtype else torch.float32
+            if dt != torch.float32:
+                mean, rstd = mean.to(dt), rstd.to(dt)
+            return y, mean, rstd
+
+        def bwd(dy, x, mean, rstd, w, N, C, HxW, group, mask):
+            return gnb(dy, x, mean.float(), rstd.float(), w, group, mask)
+
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.lib.impl("native_group_norm", fwd, "CUDA")
+            self.lib.impl("native_group_norm_backward", bwd, "CUDA")
+        return self
+
+    def __exit__(self, *exc):
+        self.lib._destroy()
+
+
 def no_gc(fn):
     def run():
         gc.disable()
@@ -96,8 +129,21 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--row", default="unet2d-train-bf16")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--variants", default="", help="comma-separated subset (eager always kept)")
     args = p.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, row {args.row}")
+    # aten_gnext gives eager's results: a bf16 GroupNorm forward + backward with and without it
+    xs = (torch.randn(4, 64, 16, 16, device="cuda") * 2 + 1).bfloat16().requires_grad_()
+    ws = (torch.rand(64, device="cuda") + 0.5).bfloat16().requires_grad_()
+    bs = torch.randn(64, device="cuda").bfloat16().requires_grad_()
+    dys = torch.randn(4, 64, 16, 16, device="cuda").bfloat16()
+    res = []
+    for ctx in (contextlib.nullcontext, AtenGnext):
+        with ctx():
+            ys = torch.nn.functional.group_norm(xs, 16, ws, bs)
+            res.append([ys.float(), *(g.float() for g in torch.autograd.grad(ys, (xs, ws, bs), dys))])
+    print("aten_gnext vs eager, max |diff| / max |eager| (y, dx, dw, db):",
+          " ".join(f"{((a - b).abs().max() / b.abs().max()).item():.1e}" for a, b in zip(res[1], res[0])))
     model32, inputs32, dtype, fmt, train = build(args.row, "cuda", False)
     inputs = _cast(inputs32, dtype, fmt)
     orig = copy.deepcopy(model32).to(dtype).to(memory_format=fmt)
@@ -109,9 +155,16 @@ def main():
     fns["eager_nogc"], fns["gnext_nogc"] = no_gc(fns["eager"]), no_gc(fns["gnext"])
     fns["eager_pynode"] = step_fn(py_nodes(copy.deepcopy(orig)), inputs, train)
     fns["gnext_pyapply"] = py_apply(step_fn(ge.convert_group_norm_act(copy.deepcopy(orig)), inputs, train))
-    for f in fns.values():
-        for _ in range(3):
-            f()
+    fns["aten_gnext"] = step_fn(copy.deepcopy(orig), inputs, train)
+    around = {v: contextlib.nullcontext for v in fns}
+    around["aten_gnext"] = AtenGnext
+    if args.variants:
+        keep = ["eager", *[v for v in args.variants.split(",") if v != "eager"]]
+        fns = {v: fns[v] for v in keep}
+    for v, f in fns.items():
+        with around[v]():
+            for _ in range(3):
+                f()
     sync = torch.cuda.synchronize
     n = max(1, int(300 / max(wall_ms(fns["eager"], sync, 1), 1e-3)))
     rng = random.Random(0)
@@ -121,9 +174,10 @@ def main():
         order = list(fns)
         rng.shuffle(order)
         for v in order:
-            c0 = time.process_time()
-            times[v].append(wall_ms(fns[v], sync, n))
-            cpu[v].append((time.process_time() - c0) / n * 1e3)
+            with around[v]():
+                c0 = time.process_time()
+                times[v].append(wall_ms(fns[v], sync, n))
+                cpu[v].append((time.process_time() - c0) / n * 1e3)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     for name, t_all in (("wall", times), ("process CPU", cpu)):
         print(f"\n{name} time per step")
@@ -133,8 +187,10 @@ def main():
             print(f"{v:12s} {statistics.median(t):8.2f} [{min(t):6.2f}..{max(t):6.2f}]   "
                   f"{statistics.median(ratios):.3f} [{min(ratios):.2f}..{max(ratios):.2f}] "
                   f"{sum(x > 1 for x in ratios)}/{len(ratios)}")
+        if "gnext" not in t_all:
+            continue
         base = t_all["gnext"]
-        for v in ("gnext_nchw", "gnext_plain", "gnext_nogc", "gnext_pyapply"):
+        for v in [v for v in fns if v.startswith("gnext_") or v == "aten_gnext"]:
             ratios = [g / x for g, x in zip(base, t_all[v])]
             print(f"gnext/{v}: {statistics.median(ratios):.3f} [{min(ratios):.2f}..{max(ratios):.2f}]")
 
