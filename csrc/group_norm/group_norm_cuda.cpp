@@ -242,7 +242,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     // partials: a float4 per (group, CTA)
     return run_persistent(s.N * s.G * wg->grid * 4, zeroed_counters(mean_c, s.N * s.G, stream),
                           [&](const OnePassArgs& a) { return gn::launch_wide_backward(t, p, *wg, a, stream); });
-  const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes);
+  const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes, /*bwd=*/true);
   const int64_t n_partial = s.N * s.C * rg.K * 2, n_coef = output_mask[0] ? s.N * s.C * 4 : 0;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum, n_coef}), stream);
   float* partial = ws.take(n_partial);
@@ -255,8 +255,9 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
                                               ptr_or_null(w), dsum, coef, stream));
   gamma_beta();
   if (output_mask[0]) {
-    GNEXT_CUDA_CHECK(gn::launch_affine(true, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), dy.data_ptr(),
-                                     dx_work.data_ptr(), coef, pw, stream));
+    const auto ag = affine_geometry(p, nhwc, V, /*bwd=*/true, /*act=*/pro.act != kActIdentity);
+    GNEXT_CUDA_CHECK(gn::launch_affine(true, t, p, ag, x.data_ptr(), dy.data_ptr(), dx_work.data_ptr(), coef, pw,
+                                     stream));
     if (relayout) copy_into(*dx, dx_work);
   }
   return {dx, dgamma, dbeta};

@@ -67,7 +67,7 @@ struct NhwcSplit {
   int tpr, rpi, threads;
   int64_t chunk, K;
 };
-inline NhwcSplit nhwc_split(const Problem& p, int V) {
+inline NhwcSplit nhwc_split(const Problem& p, int V, int64_t target) {
   constexpr int kThreads = 256;
   NhwcSplit s{};
   const int CV = static_cast<int>(p.C / V);
@@ -79,7 +79,7 @@ inline NhwcSplit nhwc_split(const Problem& p, int V) {
   // the latency of the GELU prologue's math (H100: 2048 rows per CTA took the fp32 GELU-prologue
   // passes from 1.00 + 2.19 ms to 0.82 + 1.93 ms; docs/kernels.md).
   constexpr int64_t kMaxNhwcRows = 2048;
-  int64_t K = std::max(ceil_div(target_ctas(), p.N), ceil_div(p.HxW, kMaxNhwcRows));
+  int64_t K = std::max(ceil_div(target, p.N), ceil_div(p.HxW, kMaxNhwcRows));
   K = std::min(K, ceil_div(p.HxW, static_cast<int64_t>(s.rpi) * kUnroll));
   K = std::min(K, std::max<int64_t>(1, (int64_t{1} << 15) / p.D));
   s.chunk = ceil_div(p.HxW, std::max<int64_t>(K, 1));
@@ -88,14 +88,13 @@ inline NhwcSplit nhwc_split(const Problem& p, int V) {
 }
 
 // NCHW: each of the N*C rows of HxW split into K chunks of `chunk` elements (a multiple of V), one
-// CTA each, so that about target_ctas() CTAs run; at most max_k chunks per row.
+// CTA each, so that about `target` CTAs run; at most max_k chunks per row.
 struct RowSplit {
   int64_t K, chunk;
   int threads;
 };
-inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k) {
+inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k, int64_t target) {
   const int64_t rows = p.N * p.C;
-  const int64_t target = target_ctas();  // one read of GNEXT_TARGET_CTAS per split
   const int64_t K = rows >= target ? 1 : std::min(ceil_div(target, rows), std::max<int64_t>(1, max_k));
   RowSplit s{};
   // Chunks start on 1 KB boundaries (64 vectors) of an aligned row. Rounded to a vector only, a
@@ -111,12 +110,24 @@ inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k) {
   return s;
 }
 
-inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_bytes) {
+// CTAs the backward's two-pass kernels aim for: twice target_ctas() for the elementwise (affine) pass (NHWC:
+// without an output activation) and the NCHW reduction; the NHWC reduction keeps target_ctas(). H100, kernel
+// µs at 528 -> 1056 CTAs (same process, scripts/dev/profile_kernels.py --env GNEXT_TARGET_CTAS=528,264;
+// bench_results/bwd_ctas_after_h100.log, nhwc_ctas_h100.log, affine_ctas_h100.log, 2026-11-24): backward affine
+// 1x128x1024x1024 fp16 NCHW 286.6 -> 274.0 (with SiLU 305.6 -> 277.5), channels_last 292.2 -> 276.6,
+// 16x512x128x128 bf16 channels_last 292.1 -> 275.7, 2x640x64x64 fp16 CL 12.7 -> 11.8, 2x1280x16x16 and
+// 16x256x16000 unchanged; NCHW backward reduction 190.0 -> 185.4. Not taken: the NHWC affine with SiLU
+// (1x128x1024x1024 CL 352.1 -> 355.2, 2x640x64x64 CL 15.4 -> 18.2), the NHWC backward reduction
+// (185.8 -> 186.5), the forward passes (reduction 1x128x1024x1024 fp16 CL 104.2 -> 113.0, affine
+// 2x640x64x64 CL 9.8 -> 10.7).
+inline int64_t bwd_target_ctas() { return 2 * target_ctas(); }
+
+inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_bytes, bool bwd = false) {
   ReduceGeometry g{};
   g.nhwc = nhwc;
   g.vec = V;
   if (nhwc) {
-    const NhwcSplit s = nhwc_split(p, V);
+    const NhwcSplit s = nhwc_split(p, V, target_ctas());
     g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk, g.K = s.K;
     // Chunks of at least min(64, HxW / 32) pixel rows where HxW >= 1024. The split above aims at CTA
     // count alone and cuts images of a few thousand pixels into chunks of 8-16 rows, whose N*K*C
@@ -136,17 +147,19 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
     g.smem = static_cast<size_t>(g.rpi) * p.C * state_bytes;
     return g;
   }
-  const RowSplit s = nchw_row_split(p, V, p.HxW / 4096);
+  const RowSplit s = nchw_row_split(p, V, p.HxW / 4096, bwd ? bwd_target_ctas() : target_ctas());
   g.K = s.K, g.chunk = s.chunk, g.threads = s.threads;
   return g;
 }
 
-inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V) {
+// bwd: the backward's pass (dx), act: with an output activation's derivative.
+inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, bool bwd = false, bool act = false) {
   AffineGeometry g{};
   g.nhwc = nhwc;
   g.vec = V;
+  const int64_t target = bwd && !(nhwc && act) ? bwd_target_ctas() : target_ctas();
   if (nhwc) {
-    const NhwcSplit s = nhwc_split(p, V);
+    const NhwcSplit s = nhwc_split(p, V, target);
     g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk;
     g.grid_x = static_cast<unsigned>(p.N);
     g.grid_y = static_cast<unsigned>(s.K);
@@ -155,7 +168,7 @@ inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V) {
   const int64_t rows = p.N * p.C, hwv = p.HxW / V;
   constexpr int64_t kVecsPerCta = kMaxThreads * kUnroll;
   int64_t rows_per_cta = std::max<int64_t>(1, kVecsPerCta / hwv);
-  rows_per_cta = std::min(rows_per_cta, std::max<int64_t>(1, rows / target_ctas()));
+  rows_per_cta = std::min(rows_per_cta, std::max<int64_t>(1, rows / target));
   if (rows_per_cta > 1) {  // short rows, packed rows_per_cta to a CTA
     g.rows_per_cta = static_cast<int>(rows_per_cta);
     g.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, round_up(rows_per_cta * hwv, 32)));
@@ -164,7 +177,7 @@ inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V) {
     g.chunk = p.HxW;
     return g;
   }
-  const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta);  // long rows, split in chunks
+  const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta, target);  // long rows, split in chunks
   g.rows_per_cta = 1;
   g.chunk = s.chunk;
   g.threads = s.threads;
@@ -290,8 +303,15 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
     // 0.074 / 0.070, 32x128x8000 bf16 0.134 / 0.131, 16x256x64x64 bf16 0.072 / 0.071. One-pass kept
     // where it won: T <= 2 (32x256x56x56 bf16 0.102 / 0.108) or at most a group per SM (4x32x512x512
     // fp32 0.203 / 0.246, 4x128x16384 fp32 0.067 / 0.070). GNEXT_ONEPASS=2 takes it anyway.
+    // Except on tensors of 512 MiB and more, where the two-pass kernels' second read of x and dy comes from
+    // DRAM: H100 2026-11-24, backward op ms one-pass / two-pass (onepass_bwd_probe.py --big,
+    // bench_results/onepass_bwd_big_h100.log): 128x64x258x258 fp32 (L2#19's GroupNorm, 2.2 GB) 3.007 / 3.842,
+    // 32x64x258x258 fp32 (545 MB) 0.767 / 0.975. Between 100 and 300 MB it goes both ways (8x128x256x256
+    // bf16 0.210 / 0.241, 64x256x64x64 fp16 0.232 / 0.247, but 16x256x16000 bf16 0.274 / 0.239, 32x128x128x128
+    // bf16 0.254 / 0.239): the rule above stays there.
+    const bool big = p.N * p.C * p.HxW * esize >= (int64_t{512} << 20);
     auto streamed = [&](const OnePassGeometry& g) -> std::optional<OnePassGeometry> {
-      if (bwd && onepass != 2 && g.T >= 3 && U > prop->multiProcessorCount) return std::nullopt;
+      if (bwd && onepass != 2 && !big && g.T >= 3 && U > prop->multiProcessorCount) return std::nullopt;
       return g;
     };
     if (auto g = make(stages, avail / stages / bytes)) return streamed(*g);

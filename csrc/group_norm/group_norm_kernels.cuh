@@ -211,9 +211,10 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // ---------------------------------------------------------------------------------------------
 // Forward finalize, one CTA per (n, g): merge the D*K Welford partials of the group, write
-// mean/rstd and the per-channel coefficients (mean, rstd * gamma, 0, beta).
+// mean/rstd and the per-channel coefficients (mean, rstd * gamma, 0, beta). Up to 1024 threads
+// (launch_finalize_forward: enough for one round of loads where D*K is large).
 template <typename W>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(1024)
     finalize_forward_kernel(const WelfordState* __restrict__ partial, PartialLayout L, const W* __restrict__ gamma,
                             const W* __restrict__ beta, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                             float4* __restrict__ coef, int64_t C, int64_t G, float eps,

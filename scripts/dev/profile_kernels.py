@@ -87,7 +87,7 @@ def main():
     ap.add_argument("--onepass", default="1,0",
                     help="GNEXT_ONEPASS settings to compare (2: NHWC one-pass even where the heuristic skips it)")
     ap.add_argument("--env", default="", metavar="NAME=V1,V2",
-                    help="with --summary: also compare these values of one more environment knob "
+                    help="also compare these values of one more environment knob "
                          "(e.g. GNEXT_NHWC_MIN_ROWS=0,16,32)")
     args = ap.parse_args()
     ops = torch.ops.gnext
@@ -112,20 +112,26 @@ def main():
             continue
         print(f"== {title} ({mb:.0f} MB; "
               f"fwd floor {2 * mb / 3000:.3f} ms at 3 TB/s)")
+        knob, _, values = args.env.partition("=")
         for onepass in args.onepass.split(","):
             os.environ["GNEXT_ONEPASS"] = onepass
-            for name, (fwd, bwd) in variants.items():
-                m, r = warm_up(fwd, bwd)
-                torch.cuda.synchronize()
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    for _ in range(args.reps):
-                        fwd()
-                        bwd(m, r)
+            for value in values.split(",") if knob else [None]:
+                if knob:
+                    os.environ[knob] = value
+                for name, (fwd, bwd) in variants.items():
+                    m, r = warm_up(fwd, bwd)
                     torch.cuda.synchronize()
-                print(f"  [{name}, GNEXT_ONEPASS={onepass}]")
-                for ev in prof.key_averages():
-                    if ev.device_time_total > 0:
-                        print(f"   {ev.device_time_total / ev.count:9.1f} us  x{ev.count:<3d} {ev.key[:100]}")
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                        for _ in range(args.reps):
+                            fwd()
+                            bwd(m, r)
+                        torch.cuda.synchronize()
+                    print(f"  [{name}, GNEXT_ONEPASS={onepass}{f', {knob}={value}' if knob else ''}]")
+                    for ev in prof.key_averages():
+                        if ev.device_time_total > 0:
+                            print(f"   {ev.device_time_total / ev.count:9.1f} us  x{ev.count:<3d} {ev.key[:100]}")
+            if knob:
+                os.environ.pop(knob)
         os.environ.pop("GNEXT_ONEPASS")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
