@@ -119,8 +119,14 @@ cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const Aff
             }
           }
           if (pw.dy_nchw) return cudaErrorInvalidValue;
-          affine_nhwc_kernel<T, V, HasDy, P><<<grid, g.threads, 0, stream>>>(
-              xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
+          if constexpr (HasDy && pw_act(P) == kActSilu && pw_pre(P) == kPreNone && V == 8) {  // 16-bit, measured
+            if (g.threads > kNhwcActBwdThreads) return cudaErrorInvalidValue;
+            affine_nhwc_act_bwd_kernel<T, V, P><<<grid, g.threads, 0, stream>>>(
+                xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
+          } else {
+            affine_nhwc_kernel<T, V, HasDy, P><<<grid, g.threads, 0, stream>>>(
+                xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
+          }
         } else {
           affine_nchw_kernel<T, V, HasDy, P><<<grid, g.threads, 0, stream>>>(
               xp, dyp, op, k, p.N * p.C, p.HxW, g.chunk, g.rows_per_cta,

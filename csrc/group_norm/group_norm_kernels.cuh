@@ -448,12 +448,12 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 
 // NHWC. grid = (N, K ranges of rchunk rows); thread layout as in reduce_nhwc_kernel. DyNchw: dy is
-// NCHW-contiguous (backward; see PwArgs::dy_nchw).
-template <typename T, int V, bool HasDy, int Pw, bool DyNchw = false>
-__global__ void __launch_bounds__(kMaxThreads)
-    affine_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
-                       const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi,
-                       PwArgs pw) {
+// NCHW-contiguous (backward; see PwArgs::dy_nchw). The body of affine_nhwc_kernel and affine_nhwc_act_bwd_kernel.
+// kU2: two vectors per thread and trip instead of kUnroll.
+template <typename T, int V, bool HasDy, int Pw, bool DyNchw, bool kU2 = false>
+__device__ __forceinline__ void affine_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+                                            const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C,
+                                            int tpr, int rpi, PwArgs pw) {
   // Backwards over the grid, as in affine_nchw_kernel: the reduction's last chunks are in L2.
   const int64_t n = gridDim.x - 1 - blockIdx.x;
   const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
@@ -485,10 +485,12 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
       continue;
     }
-    for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
-      int64_t offs[kUnroll];
+    // affine_nhwc_act_bwd_kernel: two vectors per thread and trip (kU2).
+    constexpr int U = kU2 ? 2 : kUnroll;
+    for (; r + (U - 1) * rpi < r1; r += U * rpi) {
+      int64_t offs[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) offs[u] = base + (r + u * rpi) * C + c0;
+      for (int u = 0; u < U; ++u) offs[u] = base + (r + u * rpi) * C + c0;
       affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, k, pc, 1, res);
     }
     for (; r < r1; r += rpi) {
@@ -496,6 +498,30 @@ __global__ void __launch_bounds__(kMaxThreads)
       affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, k, pc, 1, res);
     }
   }
+}
+
+template <typename T, int V, bool HasDy, int Pw, bool DyNchw = false>
+__global__ void __launch_bounds__(kMaxThreads)
+    affine_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+                       const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi,
+                       PwArgs pw) {
+  affine_nhwc<T, V, HasDy, Pw, DyNchw>(x, dy, out, coef, rows, rchunk, C, tpr, rpi, pw);
+}
+
+// The backward with SiLU's derivative (Pw: SiLU, no prologue; fp16/bf16, V = 8): at most kNhwcActBwdThreads
+// threads, held to 3 CTAs per SM (<= 80 registers) and two vectors per thread and trip. The plain kernel took
+// 92 registers (2 CTAs of 256 threads per SM) and stalled on its loads (ncu: L1TEX scoreboard 76% of the
+// issue gaps, DRAM 62% busy against 86% without the activation). H100 same-process A/B, us, this /
+// affine_nhwc_kernel (bench_results/nhwc_act_bwd_ab_h100.log, 2026-11-24): 1x128x1024x1024 fp16 CL 331.6 /
+// 351.2, 16x512x128x128 bf16 CL 329.7 / 367.5, 8x320x64x64 bf16 CL 27.5 / 29.7, 2x640x64x64 fp16 CL 16.9 /
+// 15.1. GELU's derivative spills at 80 registers and lost (450.6 / 414.5 at 1x128x1024x1024): it and the
+// other activations keep affine_nhwc_kernel.
+template <typename T, int V, int Pw>
+__global__ void __launch_bounds__(kNhwcActBwdThreads, 3)
+    affine_nhwc_act_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
+                               const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C, int tpr, int rpi,
+                               PwArgs pw) {
+  affine_nhwc<T, V, true, Pw, false, true>(x, dy, out, coef, rows, rchunk, C, tpr, rpi, pw);
 }
 
 }  // namespace gn

@@ -13,6 +13,7 @@ namespace gn {
 // Shared by the kernels (loop unrolling, __launch_bounds__) and the host launch geometry.
 constexpr int kUnroll = 4;        // independent vector loads in flight per thread
 constexpr int kMaxThreads = 512;  // block size cap of every kernel
+constexpr int kNhwcActBwdThreads = 256;  // NHWC backward affine with SiLU (nhwc_split: <= 256)
 
 enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
 
