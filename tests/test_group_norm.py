@@ -301,6 +301,31 @@ def _set_knob(monkeypatch, name, value):
         monkeypatch.delenv(name, raising=False)
 
 
+# Streamed one-pass plans (more tiles than co-resident CTAs) under both publish orders (GNEXT_ONEPASS_EARLY:
+# 1 publishes a tile before finishing the one before, 0 after; default: 1 for groups of several tiles, 0 for
+# whole-group tiles) and with and without the re-plan at more CTAs per SM (GNEXT_ONEPASS_PACK).
+STREAMED_CASES = [
+    ((8, 64, 16000), 4, ""),  # one 16000-element channel per tile, T = 16, 512 tiles: packed to 3 CTAs per SM
+    ((8, 64, 8000), 4, ""),  # fp32 tiles of one channel leave room for a third CTA too
+    ((16, 64, 4000), 8, "4"),  # 4 CTAs per SM (GNEXT_ONEPASS_CTAS): T = 8, 1024 tiles over 528 CTAs
+    ((64, 64, 24, 24), 8, ""),  # whole-group tiles (T = 1) streamed, no waits
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("early", ["", "0", "1"])
+@pytest.mark.parametrize("pack", ["", "0"])
+@pytest.mark.parametrize("case", STREAMED_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"_G{c[1]}")
+def test_gpu_onepass_streamed_orders(case, pack, early, dtype, monkeypatch):
+    shape, G, ctas = case
+    monkeypatch.setenv("GNEXT_ONEPASS", "2")  # the backward streamed too
+    _set_knob(monkeypatch, "GNEXT_ONEPASS_CTAS", ctas)
+    _set_knob(monkeypatch, "GNEXT_ONEPASS_EARLY", early)
+    _set_knob(monkeypatch, "GNEXT_ONEPASS_PACK", pack)
+    run_case(shape, G, None, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=17)
+
+
 # The wide kernels (group_norm_wide.cuh: one CTA per SM, a grid-wide wait per group, each CTA a 1 KB-aligned
 # slice of every group, its start kept in shared memory and the rest re-read from L2). By default only
 # for large groups (wide_geometry); GNEXT_WIDE=2 takes it for these small shapes, GNEXT_ONEPASS=0 keeps the

@@ -208,8 +208,10 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
 // many small NCHW groups, below),
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
+// pack_ctas / pack_tile: the re-plan below (more CTAs per SM for the same tiles); 0 otherwise.
 inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
-                                                bool prologue, std::initializer_list<const void*> ptrs) {
+                                                bool prologue, std::initializer_list<const void*> ptrs,
+                                                int pack_ctas = 0, int64_t pack_tile = 0) {
   const int onepass = env_int("GNEXT_ONEPASS", 1);
   if (onepass == 0) return std::nullopt;
   int V = vector_width(t, nhwc ? p.C : p.HxW, ptrs);
@@ -232,7 +234,7 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   // 49.1 -> 45.6), 64x512x4x4 fp16 33.7 -> 17.6 (backward 42.4 -> 32.5). Larger groups lose
   // (32x512x28x28 fp32, 50 KB: 52.9 -> 56.4), so do few groups (2x1280x8x8 fp16, 64 groups: 7.0 -> 7.3).
   const bool many_small = !nhwc && p.N * p.G >= 2 * prop->multiProcessorCount && p.D * p.HxW * bytes <= 16384;
-  const int ctas = std::clamp(env_int("GNEXT_ONEPASS_CTAS", many_small ? 4 : 2), 1, 4);
+  const int ctas = pack_ctas > 0 ? pack_ctas : std::clamp(env_int("GNEXT_ONEPASS_CTAS", many_small ? 4 : 2), 1, 4);
   const int stages = std::clamp(env_int("GNEXT_ONEPASS_NBUF", 2), 2, 4);
   const int64_t slots = static_cast<int64_t>(prop->multiProcessorCount) * ctas;  // co-resident CTAs
   const int threads = std::max(128, gn::kOnePassThreads / ctas / 32 * 32);
@@ -279,6 +281,15 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
       // the scalar two-pass kernels spread the rows over every SM; not yet measured on both sides).
       if (ragged && (g.T != 1 || U < prop->multiProcessorCount)) return std::nullopt;
       g.ragged = ragged;
+      // Publish order (OnePassGeometry::early): groups of several tiles publish early. The late order lets a
+      // CTA's next copy overlap its finish, but a CTA then publishes a tile only after finishing the one
+      // before, and every wave waits for the slowest CTA of the last one. H100, forward kernel µs early / late
+      // (profile_kernels.py --env GNEXT_ONEPASS_EARLY=1,0; bench_results/onepass_order_h100.log, 2026-11-24):
+      // 1x128x1024x1024 fp16 (T = 76) 247.1 / 399.5, L1#35 6207 / 9723, 16x256x16000 bf16 (T = 16) 140.7 /
+      // 136.0; whole-group tiles (T = 1, no waits) gain: 32x256x56x56 bf16 54.6 / 53.5 (backward with SiLU
+      // 120.7 / 118.3), 32x512x28x28 fp32 51.9 / 50.9 (backward 91.7 / 90.3).
+      const int order = env_int("GNEXT_ONEPASS_EARLY", -1);
+      g.early = order == -1 ? g.T > 1 : order != 0;
       const int64_t tiles = g.units * g.T;
       g.grid = static_cast<unsigned>(std::min(tiles, slots));
       if (g.T > g.grid || (nbuf == 1 && tiles > g.grid)) return std::nullopt;
@@ -288,6 +299,7 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
     // Few units: split each over slots / U CTAs, one tile per CTA. Up to one unit per CTA: one
     // tile each, no inter-CTA waits. Otherwise stream tiles through `stages` (else 2) stages.
     if (avail <= 0) return std::nullopt;
+    if (pack_tile > 0) return make(stages, pack_tile);  // the re-plan at more CTAs per SM (below)
     if (4 * U <= slots)
       // NHWC: the cap in whole pixel rows, rounded up (rounding down could give more tiles than slots).
       if (auto g = make(1, std::min(avail / bytes, round_up(ceil_div(L, slots / U), nhwc ? cb : V)))) return g;
@@ -319,7 +331,24 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
       if (auto g = make(2, avail / 2 / bytes)) return streamed(*g);
     return std::nullopt;
   };
-  if (!nhwc) return plan(0);
+  if (!nhwc) {
+    const std::optional<OnePassGeometry> g = plan(0);
+    if (pack_ctas > 0 || !g || g->units * g->T <= g->grid || env_int("GNEXT_ONEPASS_CTAS", 0) != 0 ||
+        env_int("GNEXT_ONEPASS_PACK", 1) == 0)
+      return g;
+    // Streamed NCHW tiles of whole channels can leave most of a CTA's stages unused (16x256x16000 bf16: one
+    // 16000-element channel per 28K-element stage); then more CTAs per SM fit with the same tiles. H100,
+    // forward kernel µs at 2 -> 3 CTAs per SM (scripts/dev/profile_kernels.py --env GNEXT_ONEPASS_PACK=0,1;
+    // bench_results/onepass_pack_h100.log, 2026-11-24): 16x256x16000 bf16 140.7 -> 122.2 (GroupNorm+SiLU
+    // 158.8 -> 139.9); the other streamed shapes there have no room for a third CTA. Raising the CTA count
+    // with smaller tiles instead went both ways (onepass_ctas_probe_h100.log: 4x256x256x256 bf16 139.2 ->
+    // 127.7 at 4 CTAs, 32x512x28x28 fp32 51.5 -> 54.1). GNEXT_ONEPASS_PACK=0 turns it off (measurements).
+    const int64_t need = static_cast<int64_t>(g->smem + gn::kOnePassStaticSmem + prop->reservedSharedMemPerBlock);
+    const int fit = static_cast<int>(std::min<int64_t>(4, static_cast<int64_t>(prop->sharedMemPerMultiprocessor) / need));
+    if (fit <= ctas) return g;
+    const std::optional<OnePassGeometry> q = onepass_geometry(p, t, bwd, nhwc, prologue, ptrs, fit, g->tile);
+    return q && q->T == g->T && q->tile == g->tile && q->nbuf == g->nbuf ? q : g;
+  }
   // NHWC one-pass pays only with few tiles per unit over a few MB. H100, fp16/bf16 channels_last,
   // 2026-11-23 (bench_results/profile_nhwc_onepass_h100.log), forward kernel µs one-pass / two-pass:
   // won at 2x1280x32x32 (T = 16 tiles per unit, 5 MB: 21.7 / 31.3) and 2x640x64x64 (T = 33, 10 MB:

@@ -71,6 +71,10 @@ struct OnePassGeometry {
   // NCHW forward whose HxW is not a multiple of vec while D*HxW is: each tile is a whole group
   // (T == 1), vectors may straddle two or more channels, and the finish finds each element's channel.
   bool ragged;
+  // Order of a streamed CTA's steps (nbuf > 1): false (default) finishes tile k, starts copying tile k+nbuf,
+  // then publishes tile k+1, so that tile k+1's copy overlaps the wait and the normalize of tile k; true
+  // publishes tile k+1 before finishing tile k (GNEXT_ONEPASS_EARLY=1, measurements).
+  bool early;
 };
 // Pointwise extension of the kernels (common/pointwise.h), one `mode` = pw_mode(pre, act):
 //  * prologue: normalize a = pre(x + bias[c]) instead of x; the backward's grad_out is the gradient

@@ -6,13 +6,15 @@
 //
 // A persistent grid of `grid` CTAs walks the tiles (tile i = k * grid + blockIdx.x). A CTA keeps
 // `nbuf` tiles in shared memory (cp.async stages). For its k-th tile it
-//   1. publishes the statistics of its (k+1)-th tile (already in shared memory): a Welford state
+//   1. publishes the statistics of its (k+1)-th tile (once in shared memory): a Welford state
 //      (forward) or per-channel (sum dy*(x - mean), sum dy) (backward) to `partial` in global
 //      memory, then increments the group's counter;
 //   2. waits until the counter of the k-th tile's group reaches T (all of its tiles published),
 //      merges the group's partials in a fixed order (every CTA of the group computes the same
 //      bits; no float atomics), and normalizes the tile from shared memory;
 //   3. starts copying its (k+nbuf)-th tile into the freed stage.
+// Step 1 comes first when groups have several tiles (OnePassGeometry::early: the others wait on it),
+// last for whole-group tiles (no waits; the (k+1)-th tile's copy then overlaps step 2).
 // Deadlock freedom: a group's (unit's) T <= grid tiles lie in at most two consecutive waves k, k+1, and
 // every CTA publishes wave k+1 before it waits on wave k; all CTAs are co-resident (cooperative
 // launch), so the waits of wave k end once wave k-1's have. With nbuf == 1 every CTA has one tile.
@@ -73,16 +75,20 @@ __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
 
 // The schedule shared by the NCHW and NHWC kernels (see the top of this file): load(k) starts
 // the copy of the CTA's k-th tile, publish(k) posts its statistics, finish(k) waits for its group
-// and writes its output.
+// and writes its output. early: publish tile k+1 before finishing tile k (tile k+1 must have arrived
+// first, so nothing of this CTA's is in flight while it finishes tile k); otherwise publish it after
+// finishing tile k and starting the copy of tile k+nbuf, so that tile k+1's copy overlaps finish(k).
+// Both orders are deadlock-free: a group's tiles lie in waves k and k+1, and a CTA whose tile of wave k+1
+// is waited for finishes its wave-k tile, whose group lies in waves k-1 and k, without waiting on wave k+1.
 template <typename Load, typename Publish, typename Finish>
-__device__ __forceinline__ void onepass_pipeline(int nbuf, int64_t ktiles, Load& load, Publish& publish,
+__device__ __forceinline__ void onepass_pipeline(int nbuf, bool early, int64_t ktiles, Load& load, Publish& publish,
                                                  Finish& finish) {
   for (int b = 0; b < nbuf; ++b) load(b);
   cp_async_wait_dyn(nbuf - 1);
   __syncthreads();
   publish(0);
   for (int64_t k = 0; k < ktiles; ++k) {
-    if (nbuf > 1) {
+    if (nbuf > 1 && early) {
       cp_async_wait_dyn(nbuf - 2);  // the (k+1)-th tile has arrived
       __syncthreads();
       publish(k + 1);
@@ -90,6 +96,11 @@ __device__ __forceinline__ void onepass_pipeline(int nbuf, int64_t ktiles, Load&
     finish(k);
     __syncthreads();  // stage k % nbuf is free
     load(k + nbuf);
+    if (nbuf > 1 && !early && k + 1 < ktiles) {
+      cp_async_wait_dyn(nbuf - 1);  // the (k+1)-th tile has arrived; tiles k+2 .. k+nbuf may be in flight
+      __syncthreads();
+      publish(k + 1);
+    }
   }
   cp_async_wait<0>();
 }
@@ -363,7 +374,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     }
   };
 
-  onepass_pipeline(geo.nbuf, ktiles, load, publish, finish);
+  onepass_pipeline(geo.nbuf, geo.early, ktiles, load, publish, finish);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -611,7 +622,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     }
   };
 
-  onepass_pipeline(geo.nbuf, ktiles, load, publish, finish);
+  onepass_pipeline(geo.nbuf, geo.early, ktiles, load, publish, finish);
 }
 
 }  // namespace gn
