@@ -290,6 +290,7 @@ def _onepass_settings(case):
                          ids=lambda v: _ids(v) if isinstance(v, tuple) else f"onepass{v}")
 def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
     monkeypatch.setenv("GNEXT_ONEPASS", onepass)
+    monkeypatch.setenv("GNEXT_SMALL", "0")  # small groups would take the small-group kernel (tested below)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=13)
 
 
@@ -439,10 +440,11 @@ def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gpu_ragged_forward_is_one_launch(dtype):
+def test_gpu_ragged_forward_is_one_launch(dtype, monkeypatch):
     """ResNet-GN 7x7 (HxW = 49, not a multiple of the vector): the forward runs the vectorized one-pass
     kernel (whole-group tiles) in one launch, not the scalar two-pass kernels; GroupNorm+SiLU with a
-    residual too."""
+    residual too. (Its 392-element groups take the small-group kernel by default: GNEXT_SMALL=0 here.)"""
+    monkeypatch.setenv("GNEXT_SMALL", "0")
     x = rand_input((32, 256, 7, 7), dtype, "cuda")
     w = torch.rand(256, device="cuda", dtype=dtype) + 0.5
     fwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, w, w, 1e-5))
@@ -576,3 +578,57 @@ def test_nonfinite_propagates_like_torch(device, onepass, fmt, bad, monkeypatch)
     fin = torch.isfinite(ref)
     assert not fin[1, 2:4].any() and fin[0].all() and fin[1, :2].all() and fin[1, 4:].all()
     torch.testing.assert_close(out[fin], ref[fin], rtol=1e-5, atol=1e-5)
+
+
+# The small-group forward (group_norm_small.cu): groups of at most 256 16-byte vectors held in registers by
+# 1-32 lanes of a warp; HxW == 1 channels_last included ((N, C) memory is the same in both layouts). Each
+# case against float64, and with GNEXT_SMALL=0 (the one-pass / two-pass kernels) as well.
+SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is taken
+    ((64, 512, 1, 1), 32, CL),  # HxW = 1 channels_last: D = 16 elements per group, a lane per group
+    ((64, 512, 1, 1), 32, None),
+    ((24, 96, 1, 1), 3, None),  # G = 3, 32 elements per group
+    ((64, 64, 4, 4), 1, None),  # G = 1: 1024 elements (fp32: 256 vectors, 32 lanes x 8)
+    ((24, 48, 7, 7), 3, None),  # HxW = 49: vectors cross channels; fp32 196 vectors (the last lanes short)
+    ((5, 60, 4, 3), 15, None),  # 48 elements: 2-4 lanes per group
+    ((7, 33, 2, 4), 11, None),  # N*G = 77 groups: a partial warp
+    ((8, 100, 10, 10), 10, None),  # 1000 elements
+    ((9, 40, 8), 8, None),  # 3-D
+    ((4, 64, 2, 4), 64, None),  # G = C
+    ((2, 48, 7, 7), 3, None),  # 6 groups: below the rule, the one-pass kernel
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("small", ["", "0"])
+@pytest.mark.parametrize("case", SMALL_CASES, ids=_ids)
+def test_gpu_small_groups(case, small, dtype, monkeypatch):
+    _set_knob(monkeypatch, "GNEXT_SMALL", small)
+    run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset,scale", [(1e4, 1.0), (1e3, 0.1)])
+def test_gpu_small_groups_large_mean(offset, scale):
+    """The small-group kernel's statistics near a large mean (as test_large_mean_small_variance): the error
+    left is the float32 rounding of the mean, ulp(mean) / std; a naive E[x^2] - mean^2 would be off by ~8."""
+    _check_large_mean((8, 64, 4, 4), 8, "cuda", offset, scale)  # 64 groups of 128 elements
+    _check_large_mean((64, 512, 1, 1), 32, "cuda", offset, scale)  # HxW = 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [((64, 512, 1, 1), 32, CL), ((64, 64, 4, 4), 1, None), ((32, 256, 7, 7), 32, None)],
+                         ids=_ids)
+def test_gpu_small_groups_one_launch(case):
+    """The small-group forward is one kernel (GroupNorm and GroupNorm+SiLU with a residual), no memset."""
+    shape, G, fmt = case
+    x = rand_input(shape, torch.bfloat16, "cuda", memory_format=fmt)
+    w = torch.rand(shape[1], device="cuda", dtype=torch.bfloat16) + 0.5
+    for fn in (lambda: torch.ops.gnext.group_norm(x, G, w, w, 1e-5),
+               lambda: torch.ops.gnext.group_norm_act(x, G, w, w, 1e-5, "silu", x)):
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert len(names) == 1 and "small_forward" in names[0], names

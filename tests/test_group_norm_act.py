@@ -84,6 +84,17 @@ def test_kernel_paths(onepass, act, shape, G, fmt, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", ACTS)
+def test_small_group_forward(act):
+    """The small-group forward kernel (groups of <= 4 KB in registers) with every epilogue and a residual:
+    a 4x4 map, HxW = 1 channels_last, and vectors that cross channels (HxW = 49)."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        _check("cuda", dtype, None, (8, 64, 4, 4), 16, act, with_res=True, seed=5)
+        _check("cuda", dtype, CL, (16, 64, 1, 1), 8, act, with_res=True, seed=6)
+        _check("cuda", dtype, None, (12, 48, 7, 7), 6, act, with_res=False, seed=7)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("act", ["silu", "relu", "tanh_hardswish", "gelu_tanh"])
 def test_wide_forward(act, monkeypatch):
     """The wide kernels (forced: GNEXT_WIDE=2 and no one-pass) with each epilogue and a residual, forward and

@@ -103,7 +103,12 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   }
   const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
   const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
-  const bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr(), out.data_ptr()});
+  bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr(), out.data_ptr()});
+  // HxW == 1: (N, C) memory is the same in both layouts; the small-group kernel (below) is one launch where
+  // the NHWC kernels take three.
+  if (nhwc && p.HxW == 1 && x_in.is_contiguous() &&
+      gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone, {x_in.data_ptr(), out.data_ptr()}))
+    nhwc = false;
   // channels_last input too wide for the NHWC kernels' shared memory runs in NCHW (out is
   // channels_last: the result is computed into a contiguous y and copied).
   const bool relayout = !nhwc && !x_in.is_contiguous();
@@ -133,6 +138,18 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
     if (relayout) copy_into(out, y);
     return {out, mean, rstd};
   };
+  // Groups of at most 4 KB: held in registers by a few lanes of a warp, one launch, no scratch.
+  if (const auto sg = nhwc ? std::nullopt
+                           : gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone,
+                                                {x.data_ptr(), y.data_ptr(), res_ptr})) {
+    OnePassArgs a{};
+    a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
+    a.wt = param_kind(w, b, ScalarType::Float);
+    a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.eps = static_cast<float>(eps), a.pw = pw;
+    GNEXT_CUDA_CHECK(gn::launch_small_forward(t, p, *sg, a, stream));
+    if (relayout) copy_into(out, y);
+    return {out, mean, rstd};
+  }
   if (og)  // partials per (tile, group)
     return run_persistent(s.N * s.G * og->T * 3, onepass_counters(*og, mean, stream),
                           [&](const OnePassArgs& a) { return gn::launch_onepass(false, t, p, *og, a, stream); });

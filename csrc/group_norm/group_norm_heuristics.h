@@ -376,6 +376,34 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   return narrow > 0 ? pays(plan(narrow)) : std::nullopt;
 }
 
+// Small-group forward plan (group_norm_small.cu), or nullopt: NCHW memory (or HxW == 1), no input prologue,
+// groups of D*HxW elements in at most kSmallMaxVecs 16-byte vectors (aligned), held in registers by the
+// fewest lanes (a power of two) that take at most 4 vectors each (8 at 32 lanes), at least 64 groups.
+// H100, forward kernel µs one-pass or two-pass -> this kernel (profile_kernels.py --env GNEXT_SMALL=0,1;
+// bench_results/small_groups_h100.log, 2026-11-24): 64x512x1x1 fp16 CL 15.8 -> 4.6 (three NHWC kernels before),
+// 256x1024x1x1 bf16 44.2 -> 9.0, 64x512x4x4 fp16 17.3 -> 3.8, 1024x512x4x4 fp16 240.2 -> 16.5, 32x256x7x7 bf16
+// 11.8 -> 7.2, 256x256x7x7 fp32 72.4 -> 13.9, 16x4096x4x4 fp16 G=64 10.1 -> 4.4, 2x1280x1x1 fp16 (64 groups)
+// 7.6 -> 5.7. Fewer groups leave lanes idle where the one-pass kernel puts a CTA on each: 2x48x7x7 bf16 G=3
+// (6 groups) 6.5 -> 7.0 (GroupNorm+SiLU 6.6 -> 8.0), 4x100x10x10 fp16 G=10 (40) GroupNorm+SiLU 7.8 -> 8.6.
+// GNEXT_SMALL=0: never.
+constexpr int64_t kSmallMinGroups = 64;
+inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType t, bool prologue,
+                                                   std::initializer_list<const void*> ptrs) {
+  if (env_int("GNEXT_SMALL", 1) == 0 || prologue || p.N * p.G < kSmallMinGroups) return std::nullopt;
+  const int64_t L = p.D * p.HxW;
+  const int V = vector_width(t, L, ptrs);
+  if (V == 1 || L / V > kSmallMaxVecs) return std::nullopt;
+  const int64_t nvec = L / V;
+  SmallGeometry g{};
+  g.vec = V;
+  g.lanes_log2 = 0;
+  while (g.lanes_log2 < 5 && (int64_t{4} << g.lanes_log2) < nvec) ++g.lanes_log2;
+  g.k = static_cast<int>(ceil_div(nvec, int64_t{1} << g.lanes_log2));
+  const int64_t warps = ceil_div(p.N * p.G, int64_t{32} >> g.lanes_log2);
+  g.grid = static_cast<unsigned>(ceil_div(warps, kSmallThreads / 32));
+  return g;
+}
+
 // Wide forward plan (group_norm_wide.cuh) for an NCHW forward that the one-pass plan did not take, or
 // nullopt. One CTA per SM, each a 1 KB-aligned slice of every group, as much of it as fits kept in
 // shared memory (~29 MB over the H100's 132 SMs; ~15 MB per group with the look-ahead's two buffers) and

@@ -138,6 +138,21 @@ cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeomet
 cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream);
 
+// Small-group forward (group_norm_small.cu): NCHW groups of at most kSmallMaxVecs 16-byte vectors, each held
+// in registers by 2^lanes_log2 lanes of a warp (k vectors per lane); mean and rstd by warp shuffles, then the
+// output. One launch of `grid` CTAs of kSmallThreads; takes OnePassArgs' x, out, gamma, beta, wt, mean, rstd,
+// eps and pw (output activation and residual; no prologue).
+constexpr int kSmallThreads = 256;
+constexpr int kSmallMaxVecs = 256;  // 32 lanes x 8 vectors: 4 KB of x per group
+struct SmallGeometry {
+  int vec;         // elements per 16-byte vector
+  int lanes_log2;  // lanes per group: 1 .. 32
+  int k;           // vectors per lane, <= kSmallMaxVecs / 32
+  unsigned grid;
+};
+cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
+                                 cudaStream_t stream);
+
 // Sizes of one reduction state: Welford (mean, m2, n) forward, (sum dy*(x-mean), sum dy) backward.
 constexpr size_t kMomentsStateBytes = 3 * sizeof(float);
 constexpr size_t kGradStateBytes = 2 * sizeof(float);
