@@ -120,12 +120,8 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   const gn::PwArgs pw = pw_args(pro, res, nullptr, w, b);
   const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr(), res_ptr});
   const cudaStream_t stream = current_stream(x);
-  const auto og = onepass_allows(pro, nhwc)
-                ? onepass_geometry(p, input.scalar_type(), false, nhwc, pro.kind != kPreNone,
-                                   {x.data_ptr(), y.data_ptr(), res_ptr})
-                : std::nullopt;
-  // The persistent kernels (one-pass, wide) take the same arguments: n_partial floats of scratch for their
-  // partials, `counters`, and launch(args).
+  // The kernels that take OnePassArgs (one-pass, wide, small-group) get the same arguments: n_partial floats of
+  // scratch for their partials (none: no allocation), `counters`, and launch(args).
   auto run_persistent = [&](int64_t n_partial, const Counters& counters,
                             auto&& launch) -> std::tuple<Tensor, Tensor, Tensor> {
     Scratch ws = scratch(x, n_partial, stream);
@@ -141,15 +137,13 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   // Groups of at most 4 KB: held in registers by a few lanes of a warp, one launch, no scratch.
   if (const auto sg = nhwc ? std::nullopt
                            : gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone,
-                                                {x.data_ptr(), y.data_ptr(), res_ptr})) {
-    OnePassArgs a{};
-    a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
-    a.wt = param_kind(w, b, ScalarType::Float);
-    a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.eps = static_cast<float>(eps), a.pw = pw;
-    GNEXT_CUDA_CHECK(gn::launch_small_forward(t, p, *sg, a, stream));
-    if (relayout) copy_into(out, y);
-    return {out, mean, rstd};
-  }
+                                                {x.data_ptr(), y.data_ptr(), res_ptr}))
+    return run_persistent(0, Counters{},
+                          [&](const OnePassArgs& a) { return gn::launch_small_forward(t, p, *sg, a, stream); });
+  const auto og = onepass_allows(pro, nhwc)
+                ? onepass_geometry(p, input.scalar_type(), false, nhwc, pro.kind != kPreNone,
+                                   {x.data_ptr(), y.data_ptr(), res_ptr})
+                : std::nullopt;
   if (og)  // partials per (tile, group)
     return run_persistent(s.N * s.G * og->T * 3, onepass_counters(*og, mean, stream),
                           [&](const OnePassArgs& a) { return gn::launch_onepass(false, t, p, *og, a, stream); });

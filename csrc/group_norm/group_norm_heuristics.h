@@ -236,6 +236,7 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   const bool many_small = !nhwc && p.N * p.G >= 2 * prop->multiProcessorCount && p.D * p.HxW * bytes <= 16384;
   const int ctas = pack_ctas > 0 ? pack_ctas : std::clamp(env_int("GNEXT_ONEPASS_CTAS", many_small ? 4 : 2), 1, 4);
   const int stages = std::clamp(env_int("GNEXT_ONEPASS_NBUF", 2), 2, 4);
+  const int order = env_int("GNEXT_ONEPASS_EARLY", -1);  // publish order (make, below)
   const int64_t slots = static_cast<int64_t>(prop->multiProcessorCount) * ctas;  // co-resident CTAs
   const int threads = std::max(128, gn::kOnePassThreads / ctas / 32 * 32);
   const int64_t per_cta = ctas == 1 ? static_cast<int64_t>(prop->sharedMemPerBlockOptin)
@@ -288,7 +289,6 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
       // 1x128x1024x1024 fp16 (T = 76) 247.1 / 399.5, L1#35 6207 / 9723, 16x256x16000 bf16 (T = 16) 140.7 /
       // 136.0; whole-group tiles (T = 1, no waits) gain: 32x256x56x56 bf16 54.6 / 53.5 (backward with SiLU
       // 120.7 / 118.3), 32x512x28x28 fp32 51.9 / 50.9 (backward 91.7 / 90.3).
-      const int order = env_int("GNEXT_ONEPASS_EARLY", -1);
       g.early = order == -1 ? g.T > 1 : order != 0;
       const int64_t tiles = g.units * g.T;
       g.grid = static_cast<unsigned>(std::min(tiles, slots));

@@ -31,6 +31,27 @@ __device__ __forceinline__ float load_param(const void* p, ScalarKind k, int64_t
   }
 }
 
+// out[e] = act((x[e] - mean) * rstd * gamma[c] + beta[c]) for the V elements at offset `off` of a group that starts
+// at channel c0, c = c0 + (off + e) / HxW (hw: HxW). A vector may straddle channels (HxW not a multiple of V):
+// one channel's parameters when it does not.
+template <int A, int V>
+__device__ __forceinline__ void normalize_straddling(float* x, uint32_t off, const FastDivmod& hw, int64_t c0,
+                                                     float mean, float rstd, const void* gamma, const void* beta,
+                                                     ScalarKind wt) {
+  const uint32_t cf = hw.div(off), cl = hw.div(off + V - 1);
+  if (cf == cl) {
+    const float scale = rstd * load_param(gamma, wt, c0 + cf, 1.f), shift = load_param(beta, wt, c0 + cf, 0.f);
+#pragma unroll
+    for (int e = 0; e < V; ++e) x[e] = act_apply<A>(fmaf(x[e] - mean, scale, shift));
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int64_t c = c0 + hw.div(off + e);
+      x[e] = act_apply<A>(fmaf(x[e] - mean, rstd * load_param(gamma, wt, c, 1.f), load_param(beta, wt, c, 0.f)));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // What a reduction accumulates per channel.
 struct MomentsReducer {  // forward: Welford statistics of x

@@ -295,20 +295,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
         for (uint32_t v = tid; v < nvec; v += blockDim.x) {
           float xv[V];
           lds_vec<T, V>(sx + v * V, xv);
-          const uint32_t cf = hwv.div(v * V), cl = hwv.div(v * V + V - 1);
-          scale = rstd * load_param(a.gamma, a.wt, c0 + cf, 1.f);
-          shift = load_param(a.beta, a.wt, c0 + cf, 0.f);
-          if (cf == cl) {
-#pragma unroll
-            for (int e = 0; e < V; ++e) xv[e] = act_apply<A>(fmaf(xv[e] - mu, scale, shift));
-          } else {
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-              const int64_t c = c0 + hwv.div(v * V + e);
-              xv[e] = act_apply<A>(fmaf(xv[e] - mu, rstd * load_param(a.gamma, a.wt, c, 1.f),
-                                        load_param(a.beta, a.wt, c, 0.f)));
-            }
-          }
+          normalize_straddling<A, V>(xv, v * V, hwv, c0, mu, rstd, a.gamma, a.beta, a.wt);
           store(v, xv);
         }
       } else {

@@ -75,20 +75,8 @@ __global__ void __launch_bounds__(kSmallThreads)
   for (int i = 0; i < K; ++i) {
     const uint32_t v = sl + i * lanes;
     if (i >= k || v >= nvec) continue;
-    // channel of each element: one per vector where the vector does not cross a channel boundary
-    const uint32_t cf = hw.div(v * V), cl = hw.div(v * V + V - 1);
     float* y = xv[i];
-    if (cf == cl) {
-      const float scale = rstd * load_param(a.gamma, a.wt, c0 + cf, 1.f), shift = load_param(a.beta, a.wt, c0 + cf, 0.f);
-#pragma unroll
-      for (int e = 0; e < V; ++e) y[e] = act_apply<A>(fmaf(y[e] - mean, scale, shift));
-    } else {
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const int64_t c = c0 + hw.div(v * V + e);
-        y[e] = act_apply<A>(fmaf(y[e] - mean, rstd * load_param(a.gamma, a.wt, c, 1.f), load_param(a.beta, a.wt, c, 0.f)));
-      }
-    }
+    normalize_straddling<A, V>(y, v * V, hw, c0, mean, rstd, a.gamma, a.beta, a.wt);
     if (rg != nullptr) {
       float rv[V];
       load_vec<T, V>(rg + v * V, rv);
