@@ -580,9 +580,9 @@ def test_nonfinite_propagates_like_torch(device, onepass, fmt, bad, monkeypatch)
     torch.testing.assert_close(out[fin], ref[fin], rtol=1e-5, atol=1e-5)
 
 
-# The small-group forward (group_norm_small.cu): groups of at most 256 16-byte vectors held in registers by
+# The small-group kernels (group_norm_small.cu): groups of at most 256 16-byte vectors held in registers by
 # 1-32 lanes of a warp; HxW == 1 channels_last included ((N, C) memory is the same in both layouts). Each
-# case against float64, and with GNEXT_SMALL=0 (the one-pass / two-pass kernels) as well.
+# case forward and backward against float64, and with GNEXT_SMALL=0 (the one-pass / two-pass kernels) as well.
 SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is taken
     ((64, 512, 1, 1), 32, CL),  # HxW = 1 channels_last: D = 16 elements per group, a lane per group
     ((64, 512, 1, 1), 32, None),
@@ -632,3 +632,38 @@ def test_gpu_small_groups_one_launch(case):
             torch.cuda.synchronize()
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         assert len(names) == 1 and "small_forward" in names[0], names
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [((64, 512, 1, 1), 32, CL), ((64, 64, 4, 4), 1, None), ((32, 256, 7, 7), 32, None),
+                                  ((48, 60, 5, 4), 15, None), ((256, 1024, 1, 1), 32, None)], ids=_ids)
+def test_gpu_small_groups_backward(case):
+    """The small-group backward: two kernels (dx and the per-channel sums, then dgamma/dbeta), no memset, for
+    GroupNorm and GroupNorm+SiLU; bitwise the same from run to run; every output mask against float64."""
+    shape, G, fmt = case
+    gen = torch.Generator().manual_seed(23)
+    x = rand_input(shape, torch.bfloat16, "cuda", memory_format=fmt, gen=gen)
+    w = (torch.rand(shape[1], generator=gen) + 0.5).to("cuda", torch.bfloat16)
+    dy = rand_input(shape, torch.bfloat16, "cuda", scale=1.0, offset=0.5, memory_format=fmt, gen=gen)
+    _, mean, rstd = torch.ops.gnext.group_norm(x, G, w, w, 1e-5)
+    calls = (lambda: torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True]),
+             lambda: torch.ops.gnext.group_norm_act_backward(dy, x, mean, rstd, w, w, G, "silu", [True, True, True]))
+    for fn in calls:
+        first = fn()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            again = fn()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert len(names) == 2 and "small_backward" in names[0] and "gamma_beta" in names[1], names
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    _, rdx, rdw, rdb = reference(x, G, w, w, 1e-5, dy=dy)
+    for mask in ([True, False, False], [False, True, True], [False, True, False], [True, True, True]):
+        poison("cuda", 4 * x.numel() * x.element_size())
+        dx, dw, db = torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, mask)
+        for want, got, ref in zip(mask, (dx, dw, db), (rdx, rdw, rdb)):
+            assert (got is not None) == want
+            if want:
+                assert_close_to_ref(got, ref, torch.bfloat16, BWD_TOL)
+    if fmt is not None:
+        assert dx.is_contiguous(memory_format=fmt)

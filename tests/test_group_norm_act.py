@@ -209,17 +209,28 @@ def _large_mean_case(device, seed, shape=(1, 12, 65, 2), mean=1000.0):
     return x, w, b, dy
 
 
+def _kernel_path(device, path, monkeypatch, small_shape):
+    """Environment for one kernel path; the shape of _large_mean_case that takes it (small_shape: at least 64
+    groups of 3, for the small-group kernels)."""
+    if path == "small" and device != "cuda":
+        pytest.skip("the small-group kernels are CUDA kernels")
+    monkeypatch.setenv("GNEXT_ONEPASS", "0" if path == "twopass" else "1")
+    monkeypatch.setenv("GNEXT_SMALL", "1" if path == "small" else "0")
+    return small_shape if path == "small" else (1, 12, 65, 2)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["onepass", "twopass"])
+@pytest.mark.parametrize("path", ["onepass", "twopass", "small"])
 def test_relu_backward_uses_forward_kinks(device, path, monkeypatch):
     """ReLU's derivative in the backward is taken where the forward put the kink: against a float64
     GroupNorm backward whose upstream gradient is dy masked by the forward's own output (out > 0), at a
     large mean (1000) where a float32 pre-activation differs from the exact one by ~1e-4. grad_bias is
     then exactly sum(dy * (out > 0)) per channel, up to float32 summation."""
-    monkeypatch.setenv("GNEXT_ONEPASS", "1" if path == "onepass" else "0")
+    # small: 96 groups of 40 elements (HxW = 10: float32 vectors cross channels)
+    shape = _kernel_path(device, path, monkeypatch, (32, 12, 5, 2))
     G = 3
     for seed in range(3):
-        x, w, b, dy = _large_mean_case(device, seed)
+        x, w, b, dy = _large_mean_case(device, seed, shape=shape)
         leaves = [t.detach().requires_grad_() for t in (x, w, b)]
         out = ge.group_norm_act(leaves[0], G, leaves[1], leaves[2], 1e-5, "relu")
         dx, dw, db = torch.autograd.grad(out, leaves, dy)
@@ -232,18 +243,19 @@ def test_relu_backward_uses_forward_kinks(device, path, monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("act", ["relu", "hardswish", "silu", "gelu"])
-@pytest.mark.parametrize("path", ["onepass", "twopass"])
+@pytest.mark.parametrize("path", ["onepass", "twopass", "small"])
 @pytest.mark.parametrize("mean", [1000.0, -300.0])
 def test_large_mean_away_from_kinks(device, act, path, mean, monkeypatch):
     """float32 at a large mean, inputs drawn so that no exact pre-activation lies within 1e-2 of a kink
     (ReLU 0, hardswish -3 and 3): forward and every gradient match the float64 reference about as closely
     as eager PyTorch's float32 (its worst on the CPU: output 3.6e-5, grad_input 2.7e-5, grad_weight 1.9e-4,
     grad_bias 3.0e-5)."""
-    monkeypatch.setenv("GNEXT_ONEPASS", "1" if path == "onepass" else "0")
+    # small: 66 groups of 4 elements (HxW = 1), few enough values that a seed clear of the kinks is soon found
+    shape = _kernel_path(device, path, monkeypatch, (22, 12, 1, 1))
     G, kinks = 3, {"relu": (0.0,), "hardswish": (-3.0, 3.0)}.get(act, ())
     seed = 0
     while True:
-        x, w, b, dy = _large_mean_case(device, seed, mean=mean)
+        x, w, b, dy = _large_mean_case(device, seed, shape=shape, mean=mean)
         n = reference(x.cpu(), G, w.cpu(), b.cpu(), 1e-5)[0]
         if all((n - k).abs().min().item() > 1e-2 for k in kinks):
             break

@@ -192,12 +192,19 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   const bool dy_nchw_ok = fmt != MemoryFormat::Contiguous && pro.act == kActIdentity && grad_out.is_contiguous() &&
                           !is_dense_in(grad_out, fmt) && gn::env_int("GNEXT_DY_NCHW", 1) != 0;
   Tensor dy_in = dy_nchw_ok ? grad_out : dense_in(grad_out, fmt);
-  const bool nhwc = use_nhwc(x_in, p, gn::kGradStateBytes,
-                             {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr});
+  // Groups of at most 4 KB in NCHW memory (HxW == 1: channels_last too, the same (N, C) memory): the
+  // small-group kernel.
+  const bool flat = x_in.is_contiguous() && dy_in.is_contiguous();
+  const auto sg = flat ? gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone,
+                                            {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr},
+                                            /*bwd=*/true)
+                       : std::nullopt;
+  const bool nhwc = !sg && use_nhwc(x_in, p, gn::kGradStateBytes,
+                                    {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr});
   const bool relayout = !nhwc && !x_in.is_contiguous();
   const Tensor x = relayout ? contig(x_in) : x_in;
   const Tensor dx_work = !dx ? Tensor() : relayout ? empty_as(x, MemoryFormat::Contiguous) : *dx;
-  const auto og = !output_mask[0] || !onepass_allows(pro, nhwc)
+  const auto og = sg || !output_mask[0] || !onepass_allows(pro, nhwc)
                       ? std::nullopt
                       : onepass_geometry(p, input.scalar_type(), true, nhwc, pro.kind != kPreNone,
                                          {x.data_ptr(), dy_in.data_ptr(), dx_work.data_ptr()});
@@ -229,7 +236,8 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
                             auto&& launch) -> std::tuple<OptTensor, OptTensor, OptTensor> {
     Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum}), stream);
     OnePassArgs a{};
-    a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.data_ptr(), a.gamma = ptr_or_null(w);
+    a.x = x.data_ptr(), a.dy = dy.data_ptr(), a.out = dx_work.defined() ? dx_work.data_ptr() : nullptr;
+    a.gamma = ptr_or_null(w);
     a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
     a.mean = ptr<float>(mean_c), a.rstd = ptr<float>(rstd_c);
@@ -241,6 +249,9 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     if (relayout) copy_into(*dx, dx_work);
     return {dx, dgamma, dbeta};
   };
+  if (sg)
+    return run_persistent(0, Counters{},
+                          [&](const OnePassArgs& a) { return gn::launch_small_backward(t, p, *sg, a, stream); });
   if (og)  // NCHW: partials per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
     return run_persistent(og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2,
                           onepass_counters(*og, mean_c, stream),

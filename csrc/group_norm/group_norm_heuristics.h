@@ -386,9 +386,14 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // 7.6 -> 5.7. Fewer groups leave lanes idle where the one-pass kernel puts a CTA on each: 2x48x7x7 bf16 G=3
 // (6 groups) 6.5 -> 7.0 (GroupNorm+SiLU 6.6 -> 8.0), 4x100x10x10 fp16 G=10 (40) GroupNorm+SiLU 7.8 -> 8.6.
 // GNEXT_SMALL=0: never.
+// Backward (bwd; H100 backward kernel µs GNEXT_SMALL=0 -> 1, bench_results/small_bwd_h100.log, 2026-11-24):
+// 1024x512x4x4 fp16 367.6 -> 42.5, 256x1024x1x1 bf16 64.3 -> 21.3, 256x256x7x7 fp32 83.6 -> 27.2, 64x512x4x4 fp16
+// 26.3 -> 8.0, 32x256x7x7 bf16 16.5 -> 9.5, 64x512x1x1 fp16 CL 17.8 -> 10.2, 48x60x5x4 fp16 12.1 -> 8.2.
+// The same plan, and the per-channel pieces of a CTA's groups (a float2 per vector when HxW is a
+// multiple of V, per element otherwise; none when a piece is a whole channel) must fit kSmallMaxSmem.
 constexpr int64_t kSmallMinGroups = 64;
 inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType t, bool prologue,
-                                                   std::initializer_list<const void*> ptrs) {
+                                                   std::initializer_list<const void*> ptrs, bool bwd = false) {
   if (env_int("GNEXT_SMALL", 1) == 0 || prologue || p.N * p.G < kSmallMinGroups) return std::nullopt;
   const int64_t L = p.D * p.HxW;
   const int V = vector_width(t, L, ptrs);
@@ -401,6 +406,14 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   g.k = static_cast<int>(ceil_div(nvec, int64_t{1} << g.lanes_log2));
   const int64_t warps = ceil_div(p.N * p.G, int64_t{32} >> g.lanes_log2);
   g.grid = static_cast<unsigned>(ceil_div(warps, kSmallThreads / 32));
+  g.smem = 0;
+  if (bwd) {
+    const bool aligned = p.HxW % V == 0;
+    const int64_t pieces = aligned ? nvec : L, per_channel = aligned ? p.HxW / V : p.HxW;
+    if (per_channel > 1)
+      g.smem = static_cast<size_t>((kSmallThreads / 32) * (int64_t{32} >> g.lanes_log2) * pieces * 8);
+    if (g.smem > kSmallMaxSmem) return std::nullopt;
+  }
   return g;
 }
 

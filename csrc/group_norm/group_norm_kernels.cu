@@ -88,8 +88,8 @@ cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const fl
                                        void* dgamma, void* dbeta, cudaStream_t stream) {
   return with_scalar(pt, [&](auto ptag) {
     using P = decltype(ptag);
-    const unsigned blocks = static_cast<unsigned>((p.C + 255) / 256);
-    gamma_beta_backward_kernel<P><<<blocks, 256, 0, stream>>>(reinterpret_cast<const float2*>(dsum), rstd,
+    const unsigned blocks = static_cast<unsigned>((p.C + 31) / 32);
+    gamma_beta_backward_kernel<P><<<blocks, 32 * kGammaBetaRows, 0, stream>>>(reinterpret_cast<const float2*>(dsum), rstd,
                                                               static_cast<P*>(dgamma), static_cast<P*>(dbeta), p.N,
                                                               p.C, p.G);
     return cudaGetLastError();

@@ -138,20 +138,27 @@ cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeomet
 cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream);
 
-// Small-group forward (group_norm_small.cu): NCHW groups of at most kSmallMaxVecs 16-byte vectors, each held
-// in registers by 2^lanes_log2 lanes of a warp (k vectors per lane); mean and rstd by warp shuffles, then the
-// output. One launch of `grid` CTAs of kSmallThreads; takes OnePassArgs' x, out, gamma, beta, wt, mean, rstd,
-// eps and pw (output activation and residual; no prologue).
+// Small groups (group_norm_small.cu): NCHW groups of at most kSmallMaxVecs 16-byte vectors, each held in
+// registers by 2^lanes_log2 lanes of a warp (k vectors per lane); the group's sums by warp shuffles.
+// Forward: one launch of `grid` CTAs of kSmallThreads; takes OnePassArgs' x, out, gamma, beta, wt, mean,
+// rstd, eps and pw (output activation and residual; no prologue).
+// Backward: x and dy in registers, dx (out; null: none) and dsum (null: none) in one launch (then
+// launch_gamma_beta_backward); takes x, dy, out, gamma, beta (the output activation's), wt, mean, rstd, dsum
+// and pw (output activation; no prologue); `smem` bytes of per-channel pieces per CTA.
 constexpr int kSmallThreads = 256;
-constexpr int kSmallMaxVecs = 256;  // 32 lanes x 8 vectors: 4 KB of x per group
+constexpr int kSmallMaxVecs = 256;           // 32 lanes x 8 vectors: 4 KB of x per group
+constexpr size_t kSmallMaxSmem = 100 * 1024;  // backward pieces per CTA (2 CTAs per SM)
 struct SmallGeometry {
   int vec;         // elements per 16-byte vector
   int lanes_log2;  // lanes per group: 1 .. 32
   int k;           // vectors per lane, <= kSmallMaxVecs / 32
   unsigned grid;
+  size_t smem;     // backward: dynamic shared memory bytes; forward: 0
 };
 cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream);
+cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
+                                  cudaStream_t stream);
 
 // Sizes of one reduction state: Welford (mean, m2, n) forward, (sum dy*(x-mean), sum dy) backward.
 constexpr size_t kMomentsStateBytes = 3 * sizeof(float);

@@ -1,10 +1,20 @@
-// Small-group GroupNorm forward (NCHW groups of at most kSmallMaxVecs 16-byte vectors, e.g. HxW = 1, 4x4
-// maps, odd small C/G): `lanes` lanes of a warp hold one group in registers, k vectors each, and compute
+// Small-group GroupNorm (NCHW groups of at most kSmallMaxVecs 16-byte vectors, e.g. HxW = 1, 4x4 maps, odd
+// small C/G): `lanes` lanes of a warp hold one group in registers, k vectors each (vector v of a group on
+// lane v % lanes). Geometry: SmallGeometry (group_norm_launch.h), chosen by small_geometry
+// (group_norm_heuristics.h).
+// Forward, one launch, no shared memory, no scratch, no inter-CTA waits:
 //   mean = x0 + sum(x - x0) / L (x0: the group's first element),  var = sum((x - mean)^2) / L  (two passes
 //   over the registers),  rstd = 1/sqrt(var + eps),
 //   out = act((x - mean) * rstd * gamma[c] + beta[c]) (+ residual)
-// with warp shuffles only: one launch, no shared memory, no scratch, no inter-CTA waits. Geometry:
-// SmallGeometry (group_norm_launch.h), chosen by small_geometry (group_norm_heuristics.h).
+// with warp shuffles only.
+// Backward (Wu & He 2018; the formula of the other backward kernels, finalize_backward_kernel): x and dy in
+// registers, dy' = dy * act'(GroupNorm(x)) (dy' = dy without an output activation), per channel
+//   s1[c] = sum dy' (x - mean),  s2[c] = sum dy'  (to dsum for dgamma/dbeta, launch_gamma_beta_backward)
+// in a fixed order (pieces in shared memory, summed channel by channel: deterministic), then
+//   c2 = -rstd^3 sum_c gamma[c] s1[c] / L,  c3 = -rstd sum_c gamma[c] s2[c] / L,
+//   dx = rstd gamma[c] dy' + c2 (x - mean) + c3.
+#include <atomic>
+
 #include "group_norm_dispatch.cuh"
 #include "group_norm_kernels.cuh"
 
@@ -87,6 +97,136 @@ __global__ void __launch_bounds__(kSmallThreads)
   }
 }
 
+// Backward: see the top of the file. Pieces of (dy' (x - mean), dy'): one per vector when HxW is a multiple
+// of V (a vector lies in one channel), one per element otherwise; P per group in shared memory, summed per
+// channel, except where a piece is a whole channel (HxW == V, or HxW == 1): then straight from registers.
+template <typename T, int V, int A>
+__global__ void __launch_bounds__(kSmallThreads)
+    small_backward_kernel(OnePassArgs a, int64_t groups, int G, int D, uint32_t L, int lanes_log2, int k,
+                          uint32_t HxW, FastDivmod hw) {
+  constexpr int K = kSmallMaxVecs / 32;  // vectors per lane at most
+  using Raw = typename Pack<T, V>::Raw;
+  extern __shared__ float2 pieces[];
+  const int lanes = 1 << lanes_log2;
+  const int lane = threadIdx.x & 31, sl = lane & (lanes - 1), gw = lane >> lanes_log2;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t u = warp * (32 >> lanes_log2) + gw;  // this lane's group
+  const bool active = u < groups;
+  const uint32_t nvec = L / V;
+  const bool aligned = HxW % V == 0;
+  const uint32_t P = aligned ? nvec : L, ppc = aligned ? HxW / V : HxW;  // pieces per group / per channel
+  const bool direct = ppc == 1;                                            // piece j is channel j
+  const int64_t base = (active ? u : 0) * L;
+  const float mu = active ? a.mean[u] : 0.f, rs = active ? a.rstd[u] : 0.f;
+  const int64_t c0 = (active ? u % G : 0) * D;  // the group's first channel
+  float2* const sp = pieces + (static_cast<int64_t>(threadIdx.x >> 5) * (32 >> lanes_log2) + gw) * P;
+  float2* const ds = a.dsum != nullptr && active ? reinterpret_cast<float2*>(a.dsum) + u * D : nullptr;
+  float2 acc = make_float2(0.f, 0.f);  // sum_c gamma[c] (s1[c], s2[c]) over this lane's channels
+  auto channel_sum = [&](int64_t d, float2 s) {
+    if (ds != nullptr) ds[d] = s;
+    const float w = load_param(a.gamma, a.wt, c0 + d, 1.f);
+    acc.x = fmaf(w, s.x, acc.x);
+    acc.y = fmaf(w, s.y, acc.y);
+  };
+  const T* __restrict__ xg = static_cast<const T*>(a.x) + base;
+  const T* __restrict__ dg = static_cast<const T*>(a.dy) + base;
+  Raw xr[K], dr[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    const uint32_t v = sl + i * lanes;
+    if (i < k && active && v < nvec) {
+      xr[i] = ldg_raw(reinterpret_cast<const Raw*>(xg + v * V));
+      dr[i] = ldg_raw(reinterpret_cast<const Raw*>(dg + v * V));
+    }
+  }
+  auto unpack = [](const Raw& r, float* f) {
+    Pack<T, V> pk;
+    pk.raw = r;
+#pragma unroll
+    for (int e = 0; e < V; ++e) f[e] = to_float(pk.v[e]);
+  };
+  // dy' of element e of a vector of channel c (the output activation's derivative at the forward's value).
+  auto dyp = [&](float dv, float xm, int64_t c) {
+    if constexpr (A == kActIdentity) {
+      return dv;
+    } else {
+      return act_dy<A>(dv, xm, rs * load_param(a.gamma, a.wt, c, 1.f), load_param(a.beta, a.wt, c, 0.f));
+    }
+  };
+  // Pieces of this lane's vectors.
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    const uint32_t v = sl + i * lanes;
+    if (i >= k || !active || v >= nvec) continue;
+    float xv[V], dv[V];
+    unpack(xr[i], xv);
+    unpack(dr[i], dv);
+    if (aligned) {
+      const int64_t c = c0 + hw.div(v * V);
+      float2 s = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = dyp(dv[e], xv[e] - mu, c);
+        s.x = fmaf(d, xv[e] - mu, s.x);
+        s.y += d;
+      }
+      if (direct) {
+        channel_sum(v, s);
+      } else {
+        sp[v] = s;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = dyp(dv[e], xv[e] - mu, c0 + hw.div(v * V + e));
+        const float2 s = make_float2(d * (xv[e] - mu), d);
+        if (direct) {
+          channel_sum(v * V + e, s);
+        } else {
+          sp[v * V + e] = s;
+        }
+      }
+    }
+  }
+  if (!direct) {
+    __syncwarp();
+    // Channel sums (lane sl: channels sl, sl + lanes, ...; each in order), to dsum and acc.
+    for (int d = sl; d < D; d += lanes) {
+      float2 s = make_float2(0.f, 0.f);
+      for (uint32_t j = 0; j < ppc; ++j) {
+        const float2 q = sp[d * ppc + j];
+        s.x += q.x;
+        s.y += q.y;
+      }
+      channel_sum(d, s);
+    }
+  }
+  for (int m = 1; m < lanes; m <<= 1) {
+    acc.x += __shfl_xor_sync(0xffffffffu, acc.x, m);
+    acc.y += __shfl_xor_sync(0xffffffffu, acc.y, m);
+  }
+  if (!active || a.out == nullptr) return;
+  const float inv_l = 1.f / static_cast<float>(L);
+  const float c2 = -rs * rs * rs * acc.x * inv_l, c3 = -rs * acc.y * inv_l;
+  T* __restrict__ og = static_cast<T*>(a.out) + base;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    const uint32_t v = sl + i * lanes;
+    if (i >= k || v >= nvec) continue;
+    float xv[V], dv[V];
+    unpack(xr[i], xv);
+    unpack(dr[i], dv);
+    const uint32_t cf = hw.div(v * V), cl = hw.div(v * V + V - 1);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int64_t c = c0 + (cf == cl ? cf : hw.div(v * V + e));
+      const float xm = xv[e] - mu, scale = rs * load_param(a.gamma, a.wt, c, 1.f);
+      xv[e] = fmaf(scale, dyp(dv[e], xm, c), fmaf(c2, xm, c3));
+    }
+    store_vec<T, V>(og + v * V, xv);
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
@@ -102,6 +242,38 @@ cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeom
       small_forward_kernel<T, V, A><<<g.grid, kSmallThreads, 0, stream>>>(
           a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
           g.lanes_log2, g.k, FastDivmod(static_cast<uint32_t>(p.HxW)));
+      return cudaGetLastError();
+    };
+    return with_int<0, kActCount>(pw_act(a.pw.mode), go);
+  });
+}
+
+cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
+                                  cudaStream_t stream) {
+  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > kSmallMaxVecs / 32 || g.lanes_log2 < 0 ||
+      g.lanes_log2 > 5 || g.smem > kSmallMaxSmem)
+    return cudaErrorInvalidValue;
+  return with_scalar(t, [&](auto tt) -> cudaError_t {
+    using T = decltype(tt);
+    constexpr int V = 16 / sizeof(T);
+    if (g.vec != V) return cudaErrorInvalidValue;
+    auto go = [&](auto aa) -> cudaError_t {
+      constexpr int A = decltype(aa)::value;
+      if (g.smem > 48 * 1024) {  // each instantiation's limit raised once per device
+        static std::atomic<int> smem_set[kMaxDevices];
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e != cudaSuccess) return e;
+        if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
+          e = cudaFuncSetAttribute(small_backward_kernel<T, V, A>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(g.smem));
+          if (e != cudaSuccess) return e;
+          if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
+        }
+      }
+      small_backward_kernel<T, V, A><<<g.grid, kSmallThreads, g.smem, stream>>>(
+          a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
+          g.lanes_log2, g.k, static_cast<uint32_t>(p.HxW), FastDivmod(static_cast<uint32_t>(p.HxW)));
       return cudaGetLastError();
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
