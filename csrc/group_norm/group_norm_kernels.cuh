@@ -521,15 +521,21 @@ __device__ __forceinline__ void affine_nhwc(const T* __restrict__ x, const T* __
       }
       continue;
     }
-    // affine_nhwc_act_bwd_kernel: two vectors per thread and trip (kU2).
+    // affine_nhwc_act_bwd_kernel: two vectors per thread and trip (kU2). Each chunk's rows backwards: the
+    // reduction's CTAs are co-resident, so what L2 holds after it is the end of every chunk, not the last
+    // chunks. H100 same-process A/B, GroupNorm forward kernel µs forwards / backwards
+    // (bench_results/nhwc_rev_h100.log, 2026-11-24): 1x128x1024x1024 fp16 CL 307.4 / 303.1, 16x512x128x128 bf16
+    // CL 312.7 / 308.7, 1x256x512x512 bf16 CL 172.3 / 167.4; backward 514.7 / 511.2 (its chunks are half the
+    // reduction's). L2 evict_last loads in the reduction and evict_first in this pass added nothing.
     constexpr int U = kU2 ? 2 : kUnroll;
-    for (; r + (U - 1) * rpi < r1; r += U * rpi) {
+    r = r1 - 1 - lane_r;
+    for (; r - (U - 1) * rpi >= r0; r -= U * rpi) {
       int64_t offs[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) offs[u] = base + (r + u * rpi) * C + c0;
+      for (int u = 0; u < U; ++u) offs[u] = base + (r - u * rpi) * C + c0;
       affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, k, pc, 1, res);
     }
-    for (; r < r1; r += rpi) {
+    for (; r >= r0; r -= rpi) {
       const int64_t offs[1] = {base + r * C + c0};
       affine_vecs<T, V, HasDy, Pw>(x, dy, out, offs, k, pc, 1, res);
     }
