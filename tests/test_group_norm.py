@@ -155,10 +155,11 @@ def test_gpu_nchw_grad_out_read_in_place(shape, G, act, dtype, monkeypatch):
     assert outs["1"][0].is_contiguous(memory_format=fmt)
 
 
-def _check_large_mean(shape, G, device, offset, scale):
+def _check_large_mean(shape, G, device, offset, scale, memory_format=None):
     """float32 input of std `scale` around `offset`: rstd within 1e-3 and the output within 2e-3 (relative
     norm) of the float64 reference."""
-    x = rand_input(shape, torch.float32, device, scale=scale, offset=offset, gen=torch.Generator().manual_seed(5))
+    x = rand_input(shape, torch.float32, device, scale=scale, offset=offset, gen=torch.Generator().manual_seed(5),
+                   memory_format=memory_format)
     out, mean, rstd = torch.ops.gnext.group_norm(x, G, None, None, 1e-5)
     ref, ref_mean, ref_rstd = reference(x, G, None, None, 1e-5)
     torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-3, atol=0)
@@ -171,6 +172,8 @@ def test_large_mean_small_variance(device, offset, scale):
     """Welford, not E[x^2] - E[x]^2: at mean 1e4, std 1 a naive float32 variance is off by ~ulp(1e8) = 8.
     The output error left is the float32 rounding of the mean itself, ulp(mean) / std."""
     _check_large_mean((2, 8, 32, 32), 4, device, offset, scale)
+    # channels_last: the NHWC reduction (shifted sums per thread) on CUDA
+    _check_large_mean((2, 64, 32, 32), 8, device, offset, scale, memory_format=CL)
 
 
 @pytest.mark.parametrize("device", DEVICES)
