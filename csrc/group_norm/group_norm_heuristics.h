@@ -209,6 +209,7 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
 // pack_ctas / pack_tile: the re-plan below (more CTAs per SM for the same tiles); 0 otherwise.
+constexpr int kRaggedSmallBytes = 1 << 20;
 inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
                                                 bool prologue, std::initializer_list<const void*> ptrs,
                                                 int pack_ctas = 0, int64_t pack_tile = 0) {
@@ -279,8 +280,14 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
         }
       }
       // Ragged: whole-group tiles only, and at least a group per SM (fewer groups leave SMs idle where
-      // the scalar two-pass kernels spread the rows over every SM; not yet measured on both sides).
-      if (ragged && (g.T != 1 || U < prop->multiProcessorCount)) return std::nullopt;
+      // the scalar two-pass kernels spread the rows over every SM), except for groups of at most 4 KB in a
+      // tensor of at most GNEXT_RAGGED_SMALL bytes (default kRaggedSmallBytes; 0: never): one launch instead
+      // of three. H100 forward kernel µs, two-pass / ragged (bench_results/ragged_small_h100.log, 2026-11-24):
+      // 4x100x10x10 fp16 G=10 (2 KB groups) 7.7 / 6.2, 2x48x7x7 bf16 G=3 (1.5 KB) 6.5 / 6.2; larger groups
+      // lose: 1x120x17x19 bf16 G=5 (15.5 KB) 7.4 / 10.1, 4x64x30x30 bf16 G=8 (14 KB) GroupNorm+SiLU 7.9 / 8.2.
+      const bool tiny = L * esize <= 4096 &&
+                        p.N * p.C * p.HxW * esize <= env_int("GNEXT_RAGGED_SMALL", kRaggedSmallBytes);
+      if (ragged && (g.T != 1 || (U < prop->multiProcessorCount && !tiny))) return std::nullopt;
       g.ragged = ragged;
       // Publish order (OnePassGeometry::early): groups of several tiles publish early. The late order lets a
       // CTA's next copy overlap its finish, but a CTA then publishes a tile only after finishing the one
