@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "../common/device_utils.cuh"
@@ -41,6 +42,24 @@ cudaError_t with_int(int value, F& f) {
   } else {
     return value == M ? f(std::integral_constant<int, M>{}) : with_int<M + 1, End>(value, f);
   }
+}
+
+// Raises `kernel`'s dynamic shared-memory limit to at least `smem` bytes, once per device and size (the call
+// costs host time). `Tag` is a distinct type per kernel: instantiations of one template share signatures, so
+// a cache keyed by the kernel's type alone would be shared by all of them (a kernel would then launch
+// without its limit raised).
+template <typename Tag, typename Kernel>
+cudaError_t raise_smem_limit(Kernel kernel, size_t smem) {
+  static std::atomic<int> smem_set[kMaxDevices];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(smem)) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(smem));
+  }
+  return cudaSuccess;
 }
 
 // Pointwise mode (pw_mode in common/pointwise.h) as a compile-time constant: all kPwModes, or only

@@ -200,6 +200,9 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
   return g.smem <= device_props().sharedMemPerBlockOptin;
 }
 
+// Ragged one-pass forward below a group per SM: tensors of at most this many bytes (onepass_geometry).
+constexpr int kRaggedSmallBytes = 1 << 20;
+
 // One-pass plan (see OnePassGeometry in group_norm_launch.h), or nullopt when the two-pass
 // kernels must run: rows (HxW for NCHW, C for NHWC) not 16-byte aligned, a group (NHWC: a block
 // of whole groups) too large to be held in shared memory across the grid, an NHWC plan that would
@@ -209,7 +212,6 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
 // GNEXT_ONEPASS_NBUF (shared-memory stages, default 2). Defaults from scripts/onepass_sweep.py on the
 // H100 (docs/kernels.md): larger tiles beat deeper prefetch; 2 CTAs per SM overlap their waits.
 // pack_ctas / pack_tile: the re-plan below (more CTAs per SM for the same tiles); 0 otherwise.
-constexpr int kRaggedSmallBytes = 1 << 20;
 inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarType t, bool bwd, bool nhwc,
                                                 bool prologue, std::initializer_list<const void*> ptrs,
                                                 int pack_ctas = 0, int64_t pack_tile = 0) {

@@ -241,52 +241,53 @@ __global__ void __launch_bounds__(kMaxThreads)
         }
       }
     }
-  }
-  if (R::kNeedsDy && lane_r < rpi) {  // backward: (sum dy' (x - mean), sum dy')
-    for (int cv = lane_c; cv < CV; cv += tpr) {
-      const int c0 = cv * V;
-      float mu[V], pb[V], sg[V], sb[V];
-      State s[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        mu[j] = R::kNeedsDy ? mean[n * G + (c0 + j) / D] : 0.f;
-        pb[j] = P == kPreNone ? 0.f : load_param(pw.bias, pw.bias_t, c0 + j, 0.f);
-        sg[j] = kEpi ? pw.rstd[n * G + (c0 + j) / D] * load_param(pw.gamma, pw.wt, c0 + j, 1.f) : 0.f;
-        sb[j] = kEpi ? load_param(pw.beta, pw.wt, c0 + j, 0.f) : 0.f;
-        s[j] = R::Op::identity();
-      }
-      int64_t r = r0 + lane_r;
-      for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
-        float xs[kUnroll][V], ds[kUnroll][V];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          load_vec<T, V>(xb + (r + u * rpi) * C + c0, xs[u]);
-          if constexpr (R::kNeedsDy) load_dy_nhwc<T, V>(db, DyNchw, r + u * rpi, c0, C, rows, ds[u]);
-        }
+  } else {  // backward: (sum dy' (x - mean), sum dy')
+    if (lane_r < rpi) {
+      for (int cv = lane_c; cv < CV; cv += tpr) {
+        const int c0 = cv * V;
+        float mu[V], pb[V], sg[V], sb[V];
+        State s[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          float xj[kUnroll], dj[kUnroll];
+          mu[j] = mean[n * G + (c0 + j) / D];
+          pb[j] = P == kPreNone ? 0.f : load_param(pw.bias, pw.bias_t, c0 + j, 0.f);
+          sg[j] = kEpi ? pw.rstd[n * G + (c0 + j) / D] * load_param(pw.gamma, pw.wt, c0 + j, 1.f) : 0.f;
+          sb[j] = kEpi ? load_param(pw.beta, pw.wt, c0 + j, 0.f) : 0.f;
+          s[j] = R::Op::identity();
+        }
+        int64_t r = r0 + lane_r;
+        for (; r + (kUnroll - 1) * rpi < r1; r += kUnroll * rpi) {
+          float xs[kUnroll][V], ds[kUnroll][V];
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
-            xj[u] = pre_apply<P>(xs[u][j], pb[j]);
-            dj[u] = act_dy<kEpi ? A : kActIdentity>(ds[u][j], xj[u] - mu[j], sg[j], sb[j]);
+            load_vec<T, V>(xb + (r + u * rpi) * C + c0, xs[u]);
+            load_dy_nhwc<T, V>(db, DyNchw, r + u * rpi, c0, C, rows, ds[u]);
           }
-          R::template accumulate<kUnroll>(s[j], xj, dj, mu[j]);
-        }
-      }
-      for (; r < r1; r += rpi) {
-        float xs[V], ds[V];
-        load_vec<T, V>(xb + r * C + c0, xs);
-        if constexpr (R::kNeedsDy) load_dy_nhwc<T, V>(db, DyNchw, r, c0, C, rows, ds);
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          xs[j] = pre_apply<P>(xs[j], pb[j]);
-          ds[j] = act_dy<kEpi ? A : kActIdentity>(ds[j], xs[j] - mu[j], sg[j], sb[j]);
-          R::template accumulate<1>(s[j], xs + j, ds + j, mu[j]);
-        }
-      }
+          for (int j = 0; j < V; ++j) {
+            float xj[kUnroll], dj[kUnroll];
 #pragma unroll
-      for (int j = 0; j < V; ++j) sm[lane_r * C + c0 + j] = s[j];
+            for (int u = 0; u < kUnroll; ++u) {
+              xj[u] = pre_apply<P>(xs[u][j], pb[j]);
+              dj[u] = act_dy<kEpi ? A : kActIdentity>(ds[u][j], xj[u] - mu[j], sg[j], sb[j]);
+            }
+            R::template accumulate<kUnroll>(s[j], xj, dj, mu[j]);
+          }
+        }
+        for (; r < r1; r += rpi) {
+          float xs[V], ds[V];
+          load_vec<T, V>(xb + r * C + c0, xs);
+          load_dy_nhwc<T, V>(db, DyNchw, r, c0, C, rows, ds);
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            xs[j] = pre_apply<P>(xs[j], pb[j]);
+            ds[j] = act_dy<kEpi ? A : kActIdentity>(ds[j], xs[j] - mu[j], sg[j], sb[j]);
+            R::template accumulate<1>(s[j], xs + j, ds + j, mu[j]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) sm[lane_r * C + c0 + j] = s[j];
+      }
     }
   }
   __syncthreads();

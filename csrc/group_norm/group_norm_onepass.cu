@@ -1,8 +1,6 @@
 // Launchers of the persistent GroupNorm kernels: one-pass (group_norm_onepass.cuh) and wide
 // (group_norm_wide.cuh); dispatch and launch only.
 // No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.
-#include <atomic>
-
 #include "group_norm_dispatch.cuh"
 #include "group_norm_onepass.cuh"
 #include "group_norm_wide.cuh"
@@ -12,22 +10,12 @@ namespace gn {
 
 namespace {
 // Launch of a persistent kernel: `grid` CTAs of `threads`, `smem` bytes of dynamic shared memory, all CTAs
-// co-resident (cooperative launch) when they wait on each other. The kernel's shared-memory limit is raised
-// once per device (the call costs host time). `Tag` is a distinct type per kernel: the kernels share
-// signatures, so a cache keyed by the kernel's type alone would be shared by all of them (a kernel would
-// then launch without its limit raised).
+// co-resident (cooperative launch) when they wait on each other. `Tag`: see raise_smem_limit.
 template <typename Tag, typename Kernel, typename... Args>
 cudaError_t launch_persistent(Kernel kernel, unsigned grid, int threads, size_t smem, bool cooperative,
                               cudaStream_t stream, Args... args) {
-  static std::atomic<int> smem_set[kMaxDevices];
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  const cudaError_t e = raise_smem_limit<Tag>(kernel, smem);
   if (e != cudaSuccess) return e;
-  if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(smem)) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-    if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(smem));
-  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(threads);

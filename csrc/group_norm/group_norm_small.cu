@@ -13,8 +13,6 @@
 // in a fixed order (pieces in shared memory, summed channel by channel: deterministic), then
 //   c2 = -rstd^3 sum_c gamma[c] s1[c] / L,  c3 = -rstd sum_c gamma[c] s2[c] / L,
 //   dx = rstd gamma[c] dy' + c2 (x - mean) + c3.
-#include <atomic>
-
 #include "group_norm_dispatch.cuh"
 #include "group_norm_kernels.cuh"
 
@@ -227,56 +225,50 @@ __global__ void __launch_bounds__(kSmallThreads)
   }
 }
 
+// Tag of raise_smem_limit: the backward kernel by (T, activation).
+template <typename T, int A>
+struct SmallBwdTag {};
+
+// Both launchers: checks the plan, then f(T{}, std::integral_constant<int, A>{}) with V = 16 / sizeof(T).
+template <typename F>
+cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& a, F&& f) {
+  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > kSmallMaxVecs / 32 || g.lanes_log2 < 0 ||
+      g.lanes_log2 > 5 || g.smem > kSmallMaxSmem)
+    return cudaErrorInvalidValue;
+  return with_scalar(t, [&](auto tt) -> cudaError_t {
+    if (g.vec != static_cast<int>(16 / sizeof(tt))) return cudaErrorInvalidValue;
+    auto go = [&](auto aa) -> cudaError_t { return f(tt, aa); };
+    return with_int<0, kActCount>(pw_act(a.pw.mode), go);
+  });
+}
+
 }  // namespace
 
 cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream) {
-  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > kSmallMaxVecs / 32 || g.lanes_log2 < 0 || g.lanes_log2 > 5)
-    return cudaErrorInvalidValue;
-  return with_scalar(t, [&](auto tt) -> cudaError_t {
+  return with_small(t, g, a, [&](auto tt, auto aa) -> cudaError_t {
     using T = decltype(tt);
-    constexpr int V = 16 / sizeof(T);
-    if (g.vec != V) return cudaErrorInvalidValue;
-    auto go = [&](auto aa) -> cudaError_t {
-      constexpr int A = decltype(aa)::value;
-      small_forward_kernel<T, V, A><<<g.grid, kSmallThreads, 0, stream>>>(
-          a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
-          g.lanes_log2, g.k, FastDivmod(static_cast<uint32_t>(p.HxW)));
-      return cudaGetLastError();
-    };
-    return with_int<0, kActCount>(pw_act(a.pw.mode), go);
+    constexpr int V = 16 / sizeof(T), A = decltype(aa)::value;
+    small_forward_kernel<T, V, A><<<g.grid, kSmallThreads, 0, stream>>>(
+        a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
+        g.lanes_log2, g.k, FastDivmod(static_cast<uint32_t>(p.HxW)));
+    return cudaGetLastError();
   });
 }
 
 cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                   cudaStream_t stream) {
-  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > kSmallMaxVecs / 32 || g.lanes_log2 < 0 ||
-      g.lanes_log2 > 5 || g.smem > kSmallMaxSmem)
-    return cudaErrorInvalidValue;
-  return with_scalar(t, [&](auto tt) -> cudaError_t {
+  return with_small(t, g, a, [&](auto tt, auto aa) -> cudaError_t {
     using T = decltype(tt);
-    constexpr int V = 16 / sizeof(T);
-    if (g.vec != V) return cudaErrorInvalidValue;
-    auto go = [&](auto aa) -> cudaError_t {
-      constexpr int A = decltype(aa)::value;
-      if (g.smem > 48 * 1024) {  // each instantiation's limit raised once per device
-        static std::atomic<int> smem_set[kMaxDevices];
-        int dev = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e != cudaSuccess) return e;
-        if (dev >= kMaxDevices || smem_set[dev].load() < static_cast<int>(g.smem)) {
-          e = cudaFuncSetAttribute(small_backward_kernel<T, V, A>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(g.smem));
-          if (e != cudaSuccess) return e;
-          if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(g.smem));
-        }
-      }
-      small_backward_kernel<T, V, A><<<g.grid, kSmallThreads, g.smem, stream>>>(
-          a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
-          g.lanes_log2, g.k, static_cast<uint32_t>(p.HxW), FastDivmod(static_cast<uint32_t>(p.HxW)));
-      return cudaGetLastError();
-    };
-    return with_int<0, kActCount>(pw_act(a.pw.mode), go);
+    constexpr int V = 16 / sizeof(T), A = decltype(aa)::value;
+    if (g.smem > 48 * 1024) {
+      const cudaError_t e = raise_smem_limit<SmallBwdTag<T, A>>(small_backward_kernel<T, V, A>, g.smem);
+      if (e != cudaSuccess) return e;
+    }
+    small_backward_kernel<T, V, A><<<g.grid, kSmallThreads, g.smem, stream>>>(
+        a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
+        g.lanes_log2, g.k, static_cast<uint32_t>(p.HxW), FastDivmod(static_cast<uint32_t>(p.HxW)));
+    return cudaGetLastError();
   });
 }
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -17,7 +16,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import groupnorm_ext as ge  # noqa: E402
+from host_overhead import host_us  # noqa: E402
 from timing import Timer, make_inputs  # noqa: E402
 
 DEFAULT = ["2,1280,8,8:32:float16", "2,640,32,32:32:float16:cl", "5,60,31,29:15:float16",
@@ -33,20 +34,6 @@ def parse(s):
     if len(parts) > 3 and parts[3] == "cl":
         fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
     return shape, int(parts[1]), getattr(torch, parts[2]), fmt
-
-
-def host_us(fns, n=100, rounds=9):
-    times = {k: [] for k in fns}
-    keys = list(fns)
-    for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(n):
-                fns[k]()
-            times[k].append((time.perf_counter() - t) / n * 1e6)
-            torch.cuda.synchronize()
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def gpu_us(fn, reps=20):
@@ -79,7 +66,7 @@ def main():
         xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
         fns = {k: (lambda f=f: torch.autograd.grad(f(xg, G, wg, bg, 1e-5), (xg, wg, bg), dy))
                for k, f in (("gnext", ge.group_norm), ("eager", F.group_norm))}
-        h = host_us(fns)
+        h = host_us(fns, 100, sync_inside=False)
         ev = {k: statistics.median(timer(f, budget_s=0.1) for _ in range(5)) * 1e3 for k, f in fns.items()}
         g = {k: gpu_us(f) for k, f in fns.items()}
         print(f"{s:34s} {h['gnext']:10.1f} {h['eager']:10.1f} {ev['gnext']:11.1f} {ev['eager']:11.1f} "
