@@ -1,6 +1,6 @@
 // Device helpers shared by every gnext kernel: float conversion, 16-byte vector loads/stores (also with
-// L2 eviction-priority hints), cp.async copies, inter-CTA counters, Welford states and their merge (Chan et al.),
-// deterministic warp/block reductions, and a 32-bit fast divider.
+// L2 eviction-priority hints), cp.async copies, programmatic dependent launch, inter-CTA counters, Welford
+// states and their merge (Chan et al.), deterministic warp/block reductions, and a 32-bit fast divider.
 #pragma once
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
@@ -125,6 +125,22 @@ __device__ __forceinline__ void sts_vec(T* p, const float* in) {
 #pragma unroll
   for (int j = 0; j < V; ++j) pk.v[j] = static_cast<T>(in[j]);
   *reinterpret_cast<typename Pack<T, V>::Raw*>(p) = pk.raw;
+}
+
+// Programmatic dependent launch (sm_90+; launch_dependent() in group_norm/group_norm_dispatch.cuh). A kernel
+// launched that way may start while the kernel before it in the stream is still running: it calls pdl_wait()
+// before its first global memory access, which returns once the previous grid has completed and its writes
+// are visible (so everything before that grid too). pdl_trigger(): this CTA lets the next kernel's CTAs be
+// scheduled now (they wait in their pdl_wait()). Both are no-ops without PDL and before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Inter-CTA signalling through an integer counter in global memory (no float atomics):

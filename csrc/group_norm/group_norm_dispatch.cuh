@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "../common/device_utils.cuh"
@@ -60,6 +61,41 @@ cudaError_t raise_smem_limit(Kernel kernel, size_t smem) {
     if (dev < kMaxDevices) smem_set[dev].store(static_cast<int>(smem));
   }
   return cudaSuccess;
+}
+
+// Programmatic dependent launch (PDL, sm_90+) of `kernel`: it may start while the kernel before it in the
+// stream finishes (its launch and CTA start-up overlap that kernel's tail); it must call pdl_wait()
+// (common/device_utils.cuh) before its first global memory access, which keeps stream order. Used for the
+// kernels that follow another gnext kernel (finalize, affine, dgamma/dbeta). A plain launch before sm_90 or
+// with GNEXT_PDL=0 (measurements).
+inline bool pdl_enabled() {
+  static std::atomic<int> major[kMaxDevices];  // compute capability major + 1 per device, 0: not read yet
+  const char* env = std::getenv("GNEXT_PDL");
+  if (env != nullptr && env[0] == '0') return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return false;
+  int m = major[dev].load(std::memory_order_relaxed);
+  if (m == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    m = v + 1;
+    major[dev].store(m, std::memory_order_relaxed);
+  }
+  return m - 1 >= 9;
+}
+template <typename Kernel, typename... Args>
+cudaError_t launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 // Pointwise mode (pw_mode in common/pointwise.h) as a compile-time constant: all kPwModes, or only

@@ -1,5 +1,6 @@
-// Launchers of the two-pass GroupNorm kernels: dtype / vector-width / mode dispatch and <<<>>>
-// launches only (the one-pass launcher: group_norm_onepass.cu, compiled in parallel).
+// Launchers of the two-pass GroupNorm kernels: dtype / vector-width / mode dispatch and launches only; the
+// kernels that follow the reduction by programmatic dependent launch (launch_dependent). The one-pass
+// launcher: group_norm_onepass.cu, compiled in parallel.
 // No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.
 #include <algorithm>
 
@@ -65,10 +66,10 @@ cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const Parti
   const int threads = static_cast<int>(std::clamp<int64_t>((per_group / 4 + 31) / 32 * 32, 256, 1024));
   return with_scalar(wt, [&](auto wtag) {
     using W = decltype(wtag);
-    finalize_forward_kernel<W><<<p.N * p.G, threads, 0, stream>>>(
-        reinterpret_cast<const WelfordState*>(partial), L, static_cast<const W*>(gamma), static_cast<const W*>(beta),
-        mean, rstd, reinterpret_cast<float4*>(coef), p.C, p.G, eps, shift);
-    return cudaGetLastError();
+    return launch_dependent(finalize_forward_kernel<W>, dim3(p.N * p.G), dim3(threads), 0, stream,
+                            reinterpret_cast<const WelfordState*>(partial), L, static_cast<const W*>(gamma),
+                            static_cast<const W*>(beta), mean, rstd, reinterpret_cast<float4*>(coef), p.C, p.G, eps,
+                            shift);
   });
 }
 
@@ -77,10 +78,9 @@ cudaError_t launch_finalize_backward(ScalarKind wt, const Problem& p, const Part
                                      cudaStream_t stream) {
   return with_scalar(wt, [&](auto wtag) {
     using W = decltype(wtag);
-    finalize_backward_kernel<W><<<p.N * p.G, 256, 0, stream>>>(
-        reinterpret_cast<const float2*>(partial), L, mean, rstd, static_cast<const W*>(gamma),
-        reinterpret_cast<float2*>(dsum), reinterpret_cast<float4*>(coef), p.C, p.G, p.HxW);
-    return cudaGetLastError();
+    return launch_dependent(finalize_backward_kernel<W>, dim3(p.N * p.G), dim3(256), 0, stream,
+                            reinterpret_cast<const float2*>(partial), L, mean, rstd, static_cast<const W*>(gamma),
+                            reinterpret_cast<float2*>(dsum), reinterpret_cast<float4*>(coef), p.C, p.G, p.HxW);
   });
 }
 
@@ -89,10 +89,9 @@ cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const fl
   return with_scalar(pt, [&](auto ptag) {
     using P = decltype(ptag);
     const unsigned blocks = static_cast<unsigned>((p.C + 31) / 32);
-    gamma_beta_backward_kernel<P><<<blocks, 32 * kGammaBetaRows, 0, stream>>>(reinterpret_cast<const float2*>(dsum), rstd,
-                                                              static_cast<P*>(dgamma), static_cast<P*>(dbeta), p.N,
-                                                              p.C, p.G);
-    return cudaGetLastError();
+    return launch_dependent(gamma_beta_backward_kernel<P>, dim3(blocks), dim3(32 * kGammaBetaRows), 0, stream,
+                            reinterpret_cast<const float2*>(dsum), rstd, static_cast<P*>(dgamma),
+                            static_cast<P*>(dbeta), p.N, p.C, p.G);
   });
 }
 
@@ -113,26 +112,24 @@ cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const Aff
         if (g.nhwc) {
           if constexpr (HasDy && pw_act(P) == kActIdentity) {  // NCHW dy: as in launch_reduce
             if (pw.dy_nchw) {
-              affine_nhwc_kernel<T, V, HasDy, P, true><<<grid, g.threads, 0, stream>>>(
-                  xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
-              return cudaGetLastError();
+              return launch_dependent(affine_nhwc_kernel<T, V, HasDy, P, true>, grid, dim3(g.threads), 0, stream,
+                                      xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
             }
           }
           if (pw.dy_nchw) return cudaErrorInvalidValue;
           if constexpr (HasDy && pw_act(P) == kActSilu && pw_pre(P) == kPreNone && V == 8) {  // 16-bit, measured
             if (g.threads > kNhwcActBwdThreads) return cudaErrorInvalidValue;
-            affine_nhwc_act_bwd_kernel<T, V, P><<<grid, g.threads, 0, stream>>>(
-                xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
+            return launch_dependent(affine_nhwc_act_bwd_kernel<T, V, P>, grid, dim3(g.threads), 0, stream, xp, dyp,
+                                    op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
           } else {
-            affine_nhwc_kernel<T, V, HasDy, P><<<grid, g.threads, 0, stream>>>(
-                xp, dyp, op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
+            return launch_dependent(affine_nhwc_kernel<T, V, HasDy, P>, grid, dim3(g.threads), 0, stream, xp, dyp,
+                                    op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
           }
-        } else {
-          affine_nchw_kernel<T, V, HasDy, P><<<grid, g.threads, 0, stream>>>(
-              xp, dyp, op, k, p.N * p.C, p.HxW, g.chunk, g.rows_per_cta,
-              g.rows_per_cta > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod(), p.C, pw);
         }
-        return cudaGetLastError();
+        return launch_dependent(affine_nchw_kernel<T, V, HasDy, P>, grid, dim3(g.threads), 0, stream, xp, dyp, op, k,
+                                p.N * p.C, p.HxW, g.chunk, g.rows_per_cta,
+                                g.rows_per_cta > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod(),
+                                p.C, pw);
       };
       return has_dy ? go(std::true_type{}) : go(std::false_type{});
     }); });

@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     reduce_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
                        typename R::State* __restrict__ partial, int64_t HxW, int64_t chunk, int64_t C, int64_t D,
                        int64_t G, PwArgs pw) {
+  pdl_trigger();  // the finalize after it may launch (launch_dependent)
   using State = typename R::State;
   __shared__ State scratch[33];
   const int64_t row = blockIdx.x;
@@ -163,6 +164,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     reduce_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
                        typename R::State* __restrict__ partial, int64_t rows, int64_t rchunk, int C, int D, int G,
                        int tpr, int rpi, PwArgs pw) {
+  pdl_trigger();  // the finalize after it may launch (launch_dependent)
   using State = typename R::State;
   constexpr int P = pw_pre(Pw), A = pw_act(Pw);
   constexpr bool kEpi = R::kNeedsDy && A != kActIdentity;  // dy -> dy * act'(GroupNorm(x))
@@ -308,6 +310,8 @@ __global__ void __launch_bounds__(1024)
                             const W* __restrict__ beta, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                             float4* __restrict__ coef, int64_t C, int64_t G, float eps,
                             const float* __restrict__ shift) {
+  pdl_trigger();
+  pdl_wait();  // launch_dependent: the kernel before it has completed
   __shared__ WelfordState scratch[33];
   const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, D = C / G;
   const WelfordState* p = partial + n * L.s_n + g * D * L.s_c;
@@ -355,6 +359,8 @@ __global__ void __launch_bounds__(256)
     finalize_backward_kernel(const float2* __restrict__ partial, PartialLayout L, const float* __restrict__ mean,
                              const float* __restrict__ rstd, const W* __restrict__ gamma, float2* __restrict__ dsum,
                              float4* __restrict__ coef, int64_t C, int64_t G, int64_t HxW) {
+  pdl_trigger();
+  pdl_wait();  // launch_dependent: the kernel before it has completed
   __shared__ float2 scratch[33];
   const int64_t ng = blockIdx.x, n = ng / G, g = ng % G, D = C / G;
   // Warp w sums the K partials of channels w, w + nwarps, ... (lanes stride over k).
@@ -395,6 +401,8 @@ template <typename W>
 __global__ void __launch_bounds__(32 * kGammaBetaRows)
     gamma_beta_backward_kernel(const float2* __restrict__ dsum, const float* __restrict__ rstd,
                                W* __restrict__ dgamma, W* __restrict__ dbeta, int64_t N, int64_t C, int64_t G) {
+  pdl_trigger();
+  pdl_wait();  // launch_dependent: the kernel before it has completed
   __shared__ float2 rows[kGammaBetaRows][33];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + tx;
@@ -516,6 +524,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     affine_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                        const float4* __restrict__ coef, int64_t rows, int64_t HxW, int64_t chunk, int rows_per_cta,
                        FastDivmod hwv, int64_t C, PwArgs pw) {
+  pdl_wait();  // launch_dependent: coef is written
   const int64_t bs = blockDim.x;
   const T* res = static_cast<const T*>(pw.residual);
   // CTAs walk the grid backwards: the reduction walked (row, chunk) forwards, so the first CTAs
@@ -558,6 +567,7 @@ template <typename T, int V, bool HasDy, int Pw, bool DyNchw, bool kU2 = false>
 __device__ __forceinline__ void affine_nhwc(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                                             const float4* __restrict__ coef, int64_t rows, int64_t rchunk, int C,
                                             int tpr, int rpi, PwArgs pw) {
+  pdl_wait();  // launch_dependent: coef is written
   // Backwards over the grid, as in affine_nchw_kernel: the reduction's last chunks are in L2.
   const int64_t n = gridDim.x - 1 - blockIdx.x;
   const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);

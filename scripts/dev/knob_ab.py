@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Same-process A/B of one of gnext's GNEXT_* environment knobs on op time: per shape, the forward op
+(gnext.group_norm, and gnext.group_norm_act with SiLU unless --no-act) and the backward op
+(gnext.group_norm_backward / group_norm_act_backward, all three gradients) timed with CUDA events, the L2
+flushed before each call (scripts/bench/timing.Timer), every knob value once per round, rounds in a fresh
+random order, median and min-max over rounds. Diagnostic for a kernel or launch change behind a knob;
+speed claims come from scripts/bench.
+    python scripts/dev/knob_ab.py --env GNEXT_PDL=0,1 --shape 1,128,1024,1024:32:float16:cl [--rounds 7]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import random
+import statistics
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+sys.path.insert(0, str(ROOT / "scripts" / "dev"))
+sys.path.insert(0, str(ROOT))
+from profile_kernels import parse_shape  # noqa: E402
+from timing import Timer, make_inputs, with_env  # noqa: E402
+
+import groupnorm_ext  # noqa: E402,F401
+
+ops = torch.ops.gnext
+
+
+def cases(shape, G, dtype, fmt, act):
+    """(name, fn) of the ops timed for one shape."""
+    x, w, b, dy = make_inputs(shape, dtype, fmt, "cuda")
+    y, mean, rstd = ops.group_norm(x, G, w, b, 1e-5)
+    out = [("gn fwd", lambda: ops.group_norm(x, G, w, b, 1e-5)),
+           ("gn bwd", lambda: ops.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True]))]
+    if act:
+        ya, mean_a, rstd_a = ops.group_norm_act(x, G, w, b, 1e-5, "silu", None)
+        out += [("silu fwd", lambda: ops.group_norm_act(x, G, w, b, 1e-5, "silu", None)),
+                ("silu bwd", lambda: ops.group_norm_act_backward(dy, x, mean_a, rstd_a, w, b, G, "silu",
+                                                                 [True, True, True]))]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", required=True, metavar="NAME=V1,V2", help="the knob and its values")
+    ap.add_argument("--shape", action="append", required=True, metavar="N,C,H[,W[,D]]:G:DTYPE[:cl]")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-act", action="store_true", help="GroupNorm only")
+    args = ap.parse_args()
+    knob, _, values = args.env.partition("=")
+    values = values.split(",")
+    timer = Timer("cuda")
+    rng = random.Random(0)
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; us per op call (CUDA events, L2 flushed), "
+          f"median [min-max] of {args.rounds} rounds; columns: {knob}")
+    print(f"{'shape':34s} {'op':9s} " + " ".join(f"{v:>22s}" for v in values) + "  last/first")
+    for spec in args.shape:
+        shape, G, dtype, fmt = parse_shape(spec)
+        for name, fn in cases(shape, G, dtype, fmt, not args.no_act):
+            times = {v: [] for v in values}
+            for _ in range(args.rounds):
+                order = values[:]
+                rng.shuffle(order)
+                for v in order:
+                    times[v].append(1e3 * with_env(lambda: timer(fn, min_reps=10, max_reps=50, budget_s=0.1),
+                                                   **{knob: v})())
+            cells = [f"{statistics.median(t):8.1f} [{min(t):6.1f}-{max(t):6.1f}]" for t in times.values()]
+            ratio = statistics.median(times[values[-1]]) / statistics.median(times[values[0]])
+            print(f"{spec:34s} {name:9s} " + " ".join(f"{c:>22s}" for c in cells) + f"  {ratio:9.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
