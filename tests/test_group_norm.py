@@ -603,10 +603,13 @@ SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is tak
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("small", ["", "0"])
+@pytest.mark.parametrize("knob", ["", "GNEXT_SMALL=0", "GNEXT_SMALL_FILL=0", "GNEXT_SMALL_FILL=64"])
 @pytest.mark.parametrize("case", SMALL_CASES, ids=_ids)
-def test_gpu_small_groups(case, small, dtype, monkeypatch):
-    _set_knob(monkeypatch, "GNEXT_SMALL", small)
+def test_gpu_small_groups(case, knob, dtype, monkeypatch):
+    """Default plan; the other kernels (GNEXT_SMALL=0); the fewest lanes per group (grid fill off) and the
+    most (up to one vector per lane, GNEXT_SMALL_FILL=64)."""
+    if knob:
+        _set_knob(monkeypatch, *knob.split("="))
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
 
 

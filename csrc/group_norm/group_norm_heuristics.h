@@ -387,7 +387,8 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 
 // Small-group forward plan (group_norm_small.cu), or nullopt: NCHW memory (or HxW == 1), no input prologue,
 // groups of D*HxW elements in at most kSmallMaxVecs 16-byte vectors (aligned), held in registers by the
-// fewest lanes (a power of two) that take at most 4 vectors each (8 at 32 lanes), at least 64 groups.
+// fewest lanes (a power of two) that take at most 4 vectors each (8 at 32 lanes), more while the grid is
+// small (kSmallFillCtas below), at least 64 groups.
 // H100, forward kernel µs one-pass or two-pass -> this kernel (profile_kernels.py --env GNEXT_SMALL=0,1;
 // bench_results/small_groups_h100.log, 2026-11-24): 64x512x1x1 fp16 CL 15.8 -> 4.6 (three NHWC kernels before),
 // 256x1024x1x1 bf16 44.2 -> 9.0, 64x512x4x4 fp16 17.3 -> 3.8, 1024x512x4x4 fp16 240.2 -> 16.5, 32x256x7x7 bf16
@@ -400,6 +401,15 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // 26.3 -> 8.0, 32x256x7x7 bf16 16.5 -> 9.5, 64x512x1x1 fp16 CL 17.8 -> 10.2, 48x60x5x4 fp16 12.1 -> 8.2.
 // The same plan, and the per-channel pieces of a CTA's groups (a float2 per vector when HxW is a
 // multiple of V, per element otherwise; none when a piece is a whole channel) must fit kSmallMaxSmem.
+// Grid fill: with only the rule above, HxW = 1 and 4x4 maps ran on a few dozen CTAs (256x1024x1x1: 32 CTAs of
+// 8 warps, one group of 4 vectors per lane) and were latency-bound; lanes are added (down to one vector each)
+// until the grid has kSmallFillCtas CTAs per SM. H100 kernel µs forward / backward, GroupNorm and
+// GroupNorm+SiLU, GNEXT_SMALL_FILL=0 (off) -> 2 (profile_kernels.py --summary; bench_results/small_fill_h100.log,
+// 2026-11-24): 256x1024x1x1 bf16 9.1 / 29.2 -> 4.0 / 10.1, SiLU 9.7 / 49.1 -> 4.4 / 11.4; 64x512x1x1 fp16 CL
+// 4.7 / 10.1 -> 3.6 / 7.0; 64x512x4x4 fp16 3.8 / 8.0 -> 3.5 / 6.0, SiLU backward 23.9 -> 8.3; 32x256x7x7 bf16
+// 7.5 / 9.5 -> 5.9 / 7.4, SiLU backward 27.4 -> 13.3; 1, 2 and 4 CTAs per SM alike; shapes whose grid was
+// already full (1024x512x4x4, 256x256x7x7, 16x4096x4x4) unchanged. GNEXT_SMALL_FILL=n: n CTAs per SM, 0 off.
+constexpr int64_t kSmallFillCtas = 2;
 constexpr int64_t kSmallMinGroups = 64;
 inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType t, bool prologue,
                                                    std::initializer_list<const void*> ptrs, bool bwd = false) {
@@ -412,9 +422,14 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   g.vec = V;
   g.lanes_log2 = 0;
   while (g.lanes_log2 < 5 && (int64_t{4} << g.lanes_log2) < nvec) ++g.lanes_log2;
+  auto grid_of = [&](int lanes_log2) {
+    return ceil_div(ceil_div(p.N * p.G, int64_t{32} >> lanes_log2), int64_t{kSmallThreads / 32});
+  };
+  // Then more lanes per group (fewer vectors each) while the grid has fewer than kSmallFillCtas CTAs per SM.
+  const int64_t fill = int64_t{env_int("GNEXT_SMALL_FILL", kSmallFillCtas)} * device_props().multiProcessorCount;
+  while (g.lanes_log2 < 5 && (int64_t{1} << g.lanes_log2) < nvec && grid_of(g.lanes_log2) < fill) ++g.lanes_log2;
   g.k = static_cast<int>(ceil_div(nvec, int64_t{1} << g.lanes_log2));
-  const int64_t warps = ceil_div(p.N * p.G, int64_t{32} >> g.lanes_log2);
-  g.grid = static_cast<unsigned>(ceil_div(warps, kSmallThreads / 32));
+  g.grid = static_cast<unsigned>(grid_of(g.lanes_log2));
   g.smem = 0;
   if (bwd) {
     const bool aligned = p.HxW % V == 0;
