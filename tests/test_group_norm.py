@@ -362,6 +362,73 @@ def test_gpu_wide_kernels(case, dtype, held, ahead, monkeypatch):
         _check_large_mean(case[0], case[1], "cuda", 1e4, 1.0)
 
 
+# The channels_last wide forward (wide_nhwc_forward_kernel: images as units, each CTA whole rows of every
+# image, per-group statistics of up to two groups per channel vector). GNEXT_WIDE_NHWC=2 takes it for these
+# small shapes; GNEXT_ONEPASS=0 keeps the NHWC one-pass plan from taking them first.
+WIDE_NHWC_CASES = [
+    ((2, 64, 32, 32), 8, CL),  # D = 8: 16-bit vectors within one group; 8 rows per CTA
+    ((2, 80, 24, 20), 8, CL),  # D = 10: vectors spanning two groups; C / V = 10 (16-bit): 480 threads
+    ((3, 32, 50, 7), 8, CL),  # D = 4: 16-bit vectors over two groups; 350 rows, the last CTA short
+    ((1, 512, 16, 16), 32, CL),  # C / V = 64 (16-bit): a step of 8 rows; 256 rows, 2 per CTA
+    ((4, 48, 9, 11), 3, CL),  # 99 rows: a row per CTA, fewer CTAs than SMs
+    ((2, 24, 4, 6, 8), 4, CL3),  # 5-D channels_last_3d, D = 6
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ahead", ["", "0"])
+@pytest.mark.parametrize("held", ["", "0", "1040"])  # all of a CTA's rows in shared memory; none; 1040 bytes
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", WIDE_NHWC_CASES, ids=_ids)
+def test_gpu_wide_nhwc_forward(case, dtype, held, ahead, monkeypatch):
+    """Forward (and, through run_case, the backward after it) against float64; GroupNorm+SiLU with a
+    residual; float32 near a large mean."""
+    monkeypatch.setenv("GNEXT_ONEPASS", "0")
+    monkeypatch.setenv("GNEXT_WIDE_NHWC", "2")
+    _set_knob(monkeypatch, "GNEXT_WIDE_HELD", held)
+    _set_knob(monkeypatch, "GNEXT_WIDE_AHEAD", ahead)
+    shape, G, fmt = case
+    assert any("wide_nhwc_forward" in n for n in _cuda_kernels(
+        lambda: torch.ops.gnext.group_norm(rand_input(shape, dtype, "cuda", memory_format=fmt), G, None, None, 1e-5)))
+    run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
+    run_case(*case, dtype, "cuda", affine="none", seed=29)
+    gen = torch.Generator().manual_seed(31)
+    x = rand_input(shape, dtype, "cuda", memory_format=fmt, gen=gen)
+    res = rand_input(shape, dtype, "cuda", memory_format=fmt, gen=gen)
+    w = (torch.rand(shape[1], generator=gen) + 0.5).to("cuda")
+    b = torch.randn(shape[1], generator=gen).to("cuda")
+    poison("cuda", 4 * x.numel() * x.element_size())
+    out, _, _ = torch.ops.gnext.group_norm_act(x, G, w, b, 1e-5, "silu", res)
+    ref = torch.nn.functional.silu(reference(x, G, w, b, 1e-5)[0]) + res.double()
+    assert out.is_contiguous(memory_format=fmt)
+    assert_close_to_ref(out, ref, dtype, FWD_TOL)
+    if dtype == torch.float32:
+        _check_large_mean(shape, G, "cuda", 1e4, 1.0, memory_format=fmt)
+
+
+@pytest.mark.gpu
+def test_gpu_wide_nhwc_forward_is_taken_and_deterministic(monkeypatch):
+    """The default rule takes the channels_last wide forward for a single 16.8 MB image (1x512x128x128 bf16, a
+    VAE decoder map), GroupNorm and GroupNorm+SiLU, not for two of them; bitwise the same from run to run;
+    matches the two-pass kernels."""
+    two_images = rand_input((2, 512, 128, 128), torch.bfloat16, "cuda", memory_format=CL)
+    assert not any("wide_nhwc_forward" in n
+                   for n in _cuda_kernels(lambda: torch.ops.gnext.group_norm(two_images, 32, None, None, 1e-5)))
+    x = rand_input((1, 512, 128, 128), torch.bfloat16, "cuda", memory_format=CL)
+    w = torch.rand(512, device="cuda") + 0.5
+    b = torch.randn(512, device="cuda")
+    assert any("wide_nhwc_forward" in n for n in _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, w, b, 1e-5)))
+    assert any("wide_nhwc_forward" in n
+               for n in _cuda_kernels(lambda: torch.ops.gnext.group_norm_act(x, 32, w, b, 1e-5, "silu", None)))
+    outs = [torch.ops.gnext.group_norm(x, 32, w, b, 1e-5) for _ in range(3)]
+    assert all(torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs)
+    monkeypatch.setenv("GNEXT_WIDE_NHWC", "0")
+    two = torch.ops.gnext.group_norm(x, 32, w, b, 1e-5)
+    torch.testing.assert_close(outs[0][1], two[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[0][2], two[2], rtol=1e-4, atol=0)
+    torch.testing.assert_close(outs[0][0].float(), two[0].float(), rtol=1.6e-2, atol=1.6e-2)
+
+
 @pytest.mark.gpu
 def test_gpu_wide_forward_is_taken_and_deterministic(monkeypatch):
     """The default rule takes the wide kernel for 33.6 MB groups (a 1x128x2048x2048 bf16 map); its result

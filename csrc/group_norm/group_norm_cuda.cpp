@@ -154,6 +154,12 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
                                                {x.data_ptr(), y.data_ptr(), res_ptr}))  // partials per (group, CTA)
     return run_persistent(s.N * s.G * wg->grid * 3, zeroed_counters(mean, s.N * s.G, stream),
                           [&](const OnePassArgs& a) { return gn::launch_wide_forward(t, p, *wg, a, stream); });
+  // Channels_last images that shared memory and L2 can hold between the two passes (wide_nhwc_geometry).
+  if (const auto wg = nhwc ? gn::wide_nhwc_geometry(p, input.scalar_type(), pro.kind != kPreNone,
+                                                    {x.data_ptr(), y.data_ptr(), res_ptr})
+                           : std::nullopt)  // partials per (image, group, CTA)
+    return run_persistent(s.N * s.G * wg->grid * 3, zeroed_counters(mean, s.N, stream),
+                          [&](const OnePassArgs& a) { return gn::launch_wide_nhwc_forward(t, p, *wg, a, stream); });
   const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
   const int64_t n_partial = s.N * s.C * rg.K * 3, n_coef = s.N * s.C * 4;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_coef}), stream);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <numeric>
 #include <optional>
 
 #include "../common/cuda_utils.h"
@@ -482,6 +483,7 @@ inline std::optional<WideGeometry> wide_geometry(const Problem& p, ScalarType t,
   // The backward keeps per-channel sums of a slice's first and second channel only.
   if (bwd && g.slice > p.HxW) return std::nullopt;
   g.grid = static_cast<unsigned>(ceil_div(L, g.slice));
+  g.threads = kWideThreads;
   // Shared memory per tensor (the backward stages x and dy) and per buffer (the forward with ahead = 1 has
   // two), and the bytes of each group beyond it, read back from L2.
   int64_t rest = 0;
@@ -505,6 +507,61 @@ inline std::optional<WideGeometry> wide_geometry(const Problem& p, ScalarType t,
   const int64_t min_bytes = bwd ? (epilogue ? kWideMinBytesBwdAct : kWideMinBytesBwd) : kWideMinBytes;
   const int64_t max_rest = bwd ? l2 : l2 / 4;
   if (bytes < min_bytes || rest > max_rest) return std::nullopt;
+  return g;
+}
+
+// Channels_last wide forward (wide_nhwc_forward_kernel, group_norm_wide.cuh): images whose statistics pass and
+// normalize pass can share one read from DRAM (an image in shared memory over all SMs plus L2), or nullopt.
+// Needs 16-byte vectors of channels (C % V == 0, aligned pointers), at most two groups per vector, lcm(C / V,
+// 32) <= kWideThreads. Threads: the most whole rows of C / V vectors (and whole warps) within kWideThreads; slice: whole rows,
+// ceil(HxW / SMs) each; shared memory: two stage buffers (one with GNEXT_WIDE_AHEAD=0) after the per-thread
+// and per-group statistics. Taken (GNEXT_WIDE_NHWC=1) for a single image (N = 1) of at least kWideNhwcMinBytes
+// whose part beyond shared memory fits the L2 budget of wide_geometry; GNEXT_WIDE_NHWC=2 wherever it applies
+// (tests, measurements), 0 never. H100 forward op µs, GroupNorm / GroupNorm+SiLU, default kernels -> this one
+// (scripts/dev/knob_ab.py --env GNEXT_WIDE_NHWC=0,2; bench_results/wide_nhwc_n1_h100.log, 2026-11-24):
+// 1x512x128x128 fp16 31.5 -> 28.8 / 33.8 -> 30.4 (bf16 30.4 -> 29.0 / 31.6 -> 31.4), 1x256x256x256 fp16 48.9 ->
+// 43.7 / 50.1 -> 45.8, 1x640x128x128 fp32 74.0 -> 51.9 / 75.2 -> 52.6, 1x128x256x256 fp32 46.2 -> 42.0,
+// 1x128x16x64x64 bf16 32.5 -> 29.5 / 33.4 -> 32.7, 1x320x128x128 fp16 25.1 -> 24.4 / 25.9 -> 26.3. Several
+// images lose: each image costs the kernel ~9 µs beyond its DRAM time (the grid-wide wait and the statistics
+// steps, during which no CTA streams; merging the partials with all warps instead of one per group did not
+// move it), against the ~5.6 µs per 16.8 MB image that the saved re-read is worth: 16x512x128x128 bf16 291.4
+// -> 359.9, 2x320x128x128 fp16 35.2 -> 45.4, 4x256x128x128 fp32 85.4 -> 93.1 (wide_nhwc_ab2_h100.log; Nsight
+// Compute on the first: DRAM 42% busy, 16 warps per SM issuing every 9.4 cycles, ncu_wide_nhwc_h100.txt).
+constexpr int64_t kWideNhwcMinBytes = int64_t{8} << 20;
+inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, ScalarType t, bool prologue,
+                                                      std::initializer_list<const void*> ptrs) {
+  const int mode = env_int("GNEXT_WIDE_NHWC", 1);
+  const DeviceProps& prop = device_props();
+  const int64_t esize = element_size(t), V = 16 / esize;
+  if (mode == 0 || prologue || prop.major < 8 || vector_width(t, p.C, ptrs) != V) return std::nullopt;
+  const int64_t CV = p.C / V, L = p.C * p.HxW;
+  if (CV > kWideThreads) return std::nullopt;
+  for (int64_t cv = 0; cv < CV; ++cv)  // at most two groups per vector
+    if ((cv * V + V - 1) / p.D - (cv * V) / p.D > 1) return std::nullopt;
+  const int64_t unit = std::lcm(CV, int64_t{32});  // whole rows and whole warps
+  if (unit > kWideThreads) return std::nullopt;
+  WideGeometry g{};
+  g.threads = static_cast<int>(kWideThreads / unit * unit);
+  const int64_t srows = ceil_div(p.HxW, int64_t{prop.multiProcessorCount});
+  g.slice = srows * p.C;
+  g.grid = static_cast<unsigned>(ceil_div(p.HxW, srows));
+  const int64_t stats = int64_t{g.threads} * 2 * static_cast<int64_t>(sizeof(float)) * 3 + p.G * 8;
+  const int64_t avail = static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem - round_up(stats, 16);
+  int64_t rest = 0;
+  auto fill = [&](int ahead) {
+    int64_t held = std::min<int64_t>(avail / (1 + ahead) / 16 * 16, g.slice * esize);
+    if (const int cap = env_int("GNEXT_WIDE_HELD", -1); cap >= 0) held = std::min<int64_t>(held, cap / 16 * 16);
+    g.held = held / esize;
+    g.ahead = ahead;
+    g.smem = static_cast<size_t>((1 + ahead) * held + round_up(stats, 16));
+    rest = L * esize - static_cast<int64_t>(g.grid) * held;
+  };
+  const int64_t l2 = static_cast<int64_t>(prop.l2CacheSize);
+  fill(p.N > 1 && env_int("GNEXT_WIDE_AHEAD", 1) != 0 ? 1 : 0);
+  if (g.ahead == 1 && 3 * rest > l2 / 2) fill(0);
+  if (avail <= 0) return std::nullopt;
+  if (mode == 2) return g;
+  if (p.N != 1 || L * esize < kWideNhwcMinBytes || rest > l2 / 4) return std::nullopt;
   return g;
 }
 

@@ -125,6 +125,7 @@ constexpr int kWideThreads = 512;
 constexpr size_t kWideStaticSmem = 1024;  // bound on the wide kernel's static shared memory
 struct WideGeometry {
   unsigned grid;  // CTAs, at most one per SM (all co-resident: cooperative launch)
+  int threads;    // kWideThreads; channels_last: rows per step x C / V
   int64_t slice;  // elements of each group per CTA, a multiple of 1 KB
   int64_t held;   // of those, the first `held` are kept in shared memory (a multiple of 16 bytes; backward:
                   // of x and of dy each; forward: in each of its 1 + ahead buffers)
@@ -133,6 +134,11 @@ struct WideGeometry {
 };
 cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream);
+// Channels_last wide forward: units are images (HxW * C elements each), each CTA `slice` elements (whole rows)
+// of every image; smem also holds threads * 2 Welford states and G float2 after the stage buffers. Takes the
+// wide forward's arguments; partial: N*G*grid Welford states, counters: N (zero).
+cudaError_t launch_wide_nhwc_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
+                                     cudaStream_t stream);
 // Wide backward: x and dy staged (held elements of each), dx written; partial: N*G*grid float4 (sums of the
 // slice's first and second channel), dsum (N, C) (sum dy*(x-mean), sum dy) or null; slice <= HxW.
 cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,

@@ -33,6 +33,8 @@ template <typename T, int Id>
 struct OnePassTag {};
 template <typename T, int A, bool Bwd>
 struct WideTag {};
+template <typename T, int A>
+struct WideNhwcTag {};
 }  // namespace
 
 cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
@@ -80,6 +82,23 @@ cudaError_t launch_wide_forward(ScalarKind t, const Problem& p, const WideGeomet
           wide_forward_kernel<T, A>, g.grid, kWideThreads, g.smem, true, stream, a, p.N * p.G, p.D * p.HxW,
           FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G), static_cast<int>(p.D), g.slice, g.held,
           g.ahead);
+    };
+    return with_int<0, kActCount>(pw_act(a.pw.mode), go);
+  });
+}
+
+cudaError_t launch_wide_nhwc_forward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
+                                     cudaStream_t stream) {
+  if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || g.threads > kWideThreads) return cudaErrorInvalidValue;
+  return with_scalar(t, [&](auto tt) -> cudaError_t {
+    using T = decltype(tt);
+    constexpr int V = 16 / sizeof(T);
+    if (p.C % V != 0 || g.threads % (p.C / V) != 0) return cudaErrorInvalidValue;
+    auto go = [&](auto aa) -> cudaError_t {
+      constexpr int A = decltype(aa)::value;
+      return launch_persistent<WideNhwcTag<T, A>>(
+          wide_nhwc_forward_kernel<T, A>, g.grid, g.threads, g.smem, true, stream, a, p.N, p.C * p.HxW,
+          static_cast<int>(p.C), static_cast<int>(p.G), static_cast<int>(p.D), g.slice, g.held, g.ahead);
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });

@@ -188,6 +188,232 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   }
 }
 
+// Channels_last variant of the wide forward (wide_nhwc_geometry): the units are images, L = HxW * C elements
+// contiguous in NHWC memory with all G groups interleaved; CTA b owns rows [b * slice / C, (b + 1) * slice / C)
+// of every image. blockDim.x = rps * CV (CV = C / V vectors per row, rps rows per step of blockDim.x * V
+// elements), so thread t always holds the channels c0 .. c0 + V - 1, c0 = (t % CV) * V: their groups (at most two
+// per vector: the plan checks) and gamma/beta are the same in every row. Per image u:
+//   1. statistics: per channel sums of x - x0 and (x - x0)^2 in registers (x0: the thread's first vector of u),
+//      folded into a Welford state per group at the end; the CTA's state of each group (a warp per group, fixed
+//      order) to partial[(u * G + g) * grid + b]; arrive on u's counter;
+//   2. after every CTA arrived: each CTA merges the grid partials of each group (same order everywhere), then
+//      normalizes its rows of u from shared memory / L2 while reading its rows of image u + 1 + ahead (step 1).
+// Dynamic shared memory: (1 + ahead) stage buffers of `held` elements, then blockDim.x * 2 Welford states and
+// G float2 (mean, rstd).
+template <typename T, int A>
+__global__ void __launch_bounds__(kWideThreads, 1)
+    wide_nhwc_forward_kernel(OnePassArgs a, int64_t units, int64_t L, int C, int G, int D, int64_t slice,
+                             int64_t held, int ahead) {
+  constexpr int V = 16 / sizeof(T);
+  using Vec = Pack<T, V>;
+  extern __shared__ __align__(16) uint4 stage[];
+  const int nbuf = 1 + ahead;
+  auto* slots = reinterpret_cast<WelfordState*>(stage + nbuf * (held / V));  // [thread][2]
+  auto* stat = reinterpret_cast<float2*>(slots + 2 * blockDim.x);           // [G]
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ res = static_cast<const T*>(a.pw.residual);
+  T* __restrict__ out = static_cast<T*>(a.out);
+  auto* partial = reinterpret_cast<WelfordState*>(a.partial);
+  const unsigned nb = gridDim.x;
+  const int CV = C / V, rps = blockDim.x / CV;
+  const int c0 = (threadIdx.x % CV) * V;
+  const int ga = c0 / D, gb = (c0 + V - 1) / D;  // groups of the vector's first and last channel
+  const int split = gb != ga ? gb * D - c0 : V;  // channels j < split are in ga, the others in gb
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * slice;
+  const int64_t hi = min(L, lo + slice);
+  const int64_t step = static_cast<int64_t>(blockDim.x) * V;
+  const int64_t first = lo + threadIdx.x * V;
+  const uint64_t keep = l2_policy_evict_last(), drop = l2_policy_evict_first();
+  auto buffer = [&](int64_t v) { return stage + (v % nbuf) * (held / V); };
+  // Per-group reductions of the CTA: tpg lanes per group (a power of two up to 32, G * tpg <= blockDim.x), lane
+  // li of group g folds items li, li + tpg, ... (part(g, li)), then the group's lanes merge by xor shuffles in a
+  // fixed pattern (the same result in every CTA and run) and its first lane calls done(g, state).
+  int tpg = 32;
+  while (tpg > 1 && G * tpg > static_cast<int>(blockDim.x)) tpg >>= 1;
+  auto for_groups = [&](auto&& part, auto&& done) {
+    const int per_round = blockDim.x / tpg, li = threadIdx.x % tpg;
+    for (int g0 = 0; g0 < G; g0 += per_round) {  // the same trip count for every thread (shuffles below)
+      const int g = g0 + static_cast<int>(threadIdx.x) / tpg;
+      WelfordState m = g < G ? part(g, li) : WelfordOp::identity();
+      for (int k = 1; k < tpg; k <<= 1) {
+        const WelfordState o{__shfl_xor_sync(0xffffffffu, m.mean, k), __shfl_xor_sync(0xffffffffu, m.m2, k),
+                             __shfl_xor_sync(0xffffffffu, m.n, k)};
+        m = welford_merge(m, o);
+      }
+      if (g < G && li == 0) done(g, m);
+    }
+  };
+
+  float sh[V], s1[V], s2[V];
+  int cnt = 0;
+  auto reset = [&] {
+#pragma unroll
+    for (int j = 0; j < V; ++j) sh[j] = 0.f, s1[j] = 0.f, s2[j] = 0.f;
+    cnt = 0;
+  };
+  reset();
+  auto absorb = [&](uint4* buf, int64_t e, const Vec* q, auto n_tag) {
+    constexpr int n = decltype(n_tag)::value;
+    if (cnt == 0) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) sh[j] = to_float(q[0].v[j]);
+    }
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      if (e + k * step - lo < held) buf[(e + k * step - lo) / V] = q[k].raw;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = to_float(q[k].v[j]) - sh[j];
+        s1[j] += d;
+        s2[j] = fmaf(d, d, s2[j]);
+      }
+    }
+    cnt += n;
+  };
+  // The CTA's state of every group of image v to partial, then arrive (no wait).
+  auto publish = [&](int64_t v) {
+    WelfordState sa = WelfordOp::identity(), sb = WelfordOp::identity();
+    if (cnt > 0) {
+      const float n = static_cast<float>(cnt);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float m = s1[j] / n;
+        const WelfordState st{sh[j] + m, fmaxf(s2[j] - s1[j] * m, 0.f), n};
+        if (j < split) {
+          sa = welford_merge(sa, st);
+        } else {
+          sb = welford_merge(sb, st);
+        }
+      }
+    }
+    slots[2 * threadIdx.x] = sa;
+    slots[2 * threadIdx.x + 1] = sb;
+    __syncthreads();
+    // Group g: the vectors cva .. cvb of every row lane (slot 0 where g is the vector's first group).
+    for_groups([&](int g, int li) {
+      const int cva = g * D / V, nv = ((g + 1) * D - 1) / V - cva + 1;
+      WelfordState m = WelfordOp::identity();
+      for (int i = li; i < nv * rps; i += tpg) {
+        const int cv = cva + i % nv, t = (i / nv) * CV + cv;
+        m = welford_merge(m, slots[2 * t + ((cv * V) / D == g ? 0 : 1)]);
+      }
+      return m;
+    }, [&](int g, const WelfordState& m) {
+      partial[(v * G + g) * nb + blockIdx.x] = m;
+      __threadfence();
+    });
+    __syncthreads();  // the partials written; the slots free again
+    if (threadIdx.x == 0) arrive(a.counters + v);
+    reset();
+  };
+  using Unrolled = std::integral_constant<int, kUnroll>;
+  using One = std::integral_constant<int, 1>;
+
+  // Images 0 .. ahead: statistics only.
+  for (int64_t v = 0; v < min(static_cast<int64_t>(nbuf), units); ++v) {
+    uint4* const buf = buffer(v);
+    const T* xv = x + v * L;
+    int64_t i = first;
+    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
+      Vec q[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xv + i + k * step, keep);
+      absorb(buf, i, q, Unrolled{});
+    }
+    for (; i < hi; i += step) {
+      Vec q;
+      q.raw = ldg_hint(xv + i, keep);
+      absorb(buf, i, &q, One{});
+    }
+    publish(v);
+  }
+
+  for (int64_t u = 0; u < units; ++u) {
+    if (threadIdx.x == 0) wait_count(a.counters + u, nb);
+    __syncthreads();
+    // Every group's statistics from the grid partials (tpg lanes per group, 8 loads in flight each).
+    for_groups([&](int g, int li) {
+      const WelfordState* pg = partial + (u * G + g) * nb;
+      WelfordState m = WelfordOp::identity();
+      for (unsigned j0 = li; j0 < nb; j0 += 8 * tpg) {
+        WelfordState q[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float* p = reinterpret_cast<const float*>(pg + j0 + k * tpg);
+          q[k] = j0 + k * tpg < nb ? WelfordState{__ldcg(p), __ldcg(p + 1), __ldcg(p + 2)} : WelfordOp::identity();
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m = welford_merge(m, q[k]);
+      }
+      return m;
+    }, [&](int g, const WelfordState& m) {
+      const float rstd = rsqrtf(fmaxf(m.m2 / m.n, 0.f) + a.eps);
+      stat[g] = make_float2(m.mean, rstd);
+      if (blockIdx.x == 0) a.mean[u * G + g] = m.mean, a.rstd[u * G + g] = rstd;
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) depart(a.counters + u, nb);
+    // This thread's channels: out = act((x - mean) * rstd * gamma + beta).
+    float mu[V], scale[V], shift[V];
+    {
+      const float2 fa = stat[ga], fb = stat[gb];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float2 f = j < split ? fa : fb;
+        mu[j] = f.x;
+        scale[j] = f.y * load_param(a.gamma, a.wt, c0 + j, 1.f);
+        shift[j] = load_param(a.beta, a.wt, c0 + j, 0.f);
+      }
+    }
+    const T* xu = x + u * L;
+    T* ou = out + u * L;
+    const T* ru = res != nullptr ? res + u * L : nullptr;
+    const int64_t w = u + nbuf;
+    const bool next = w < units;
+    const T* xn = x + w * L;
+    uint4* const buf = buffer(u);
+    auto fetch = [&](int64_t e) -> uint4 { return e - lo < held ? buf[(e - lo) / V] : ldg_hint(xu + e, drop); };
+    auto normalize = [&](int64_t e, const uint4& raw) {
+      Vec r;
+      r.raw = raw;
+      float v[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = act_apply<A>(fmaf(to_float(r.v[j]) - mu[j], scale[j], shift[j]));
+      if (ru != nullptr) {
+        float rv[V];
+        load_vec<T, V>(ru + e, rv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] += rv[j];
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) r.v[j] = static_cast<T>(v[j]);
+      stg_hint(ou + e, r.raw, drop);
+    };
+    int64_t i = first;
+    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
+      uint4 r[kUnroll];
+      Vec q[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) r[k] = fetch(i + k * step);
+      if (next) {
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xn + i + k * step, keep);
+      }
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) normalize(i + k * step, r[k]);
+      if (next) absorb(buf, i, q, Unrolled{});  // after image u's stage entries were read
+    }
+    for (; i < hi; i += step) {
+      const uint4 r = fetch(i);
+      Vec q;
+      if (next) q.raw = ldg_hint(xn + i, keep);
+      normalize(i, r);
+      if (next) absorb(buf, i, &q, One{});
+    }
+    if (next) publish(w);
+  }
+}
+
 // Backward of the same schedule: per group u (mean and rstd known from the forward), the CTA's slice of x
 // and dy gives the per-channel sums (sum dy'*(x - mean), sum dy') of the slice's first and second channel
 // (slice <= HxW: at most two), dy' = dy * act'(n) with an output activation. After the grid-wide wait every

@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--shape", action="append", required=True, metavar="N,C,H[,W[,D]]:G:DTYPE[:cl]")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-act", action="store_true", help="GroupNorm only")
+    ap.add_argument("--fwd", action="store_true", help="forward ops only")
     args = ap.parse_args()
     knob, _, values = args.env.partition("=")
     values = values.split(",")
@@ -60,6 +61,8 @@ def main():
     for spec in args.shape:
         shape, G, dtype, fmt = parse_shape(spec)
         for name, fn in cases(shape, G, dtype, fmt, not args.no_act):
+            if args.fwd and not name.endswith("fwd"):
+                continue
             times = {v: [] for v in values}
             for _ in range(args.rounds):
                 order = values[:]
