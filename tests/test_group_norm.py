@@ -527,11 +527,15 @@ def test_gpu_ragged_forward_is_one_launch(dtype, monkeypatch):
 @pytest.mark.parametrize("shape,G,fmt", [((4, 32, 512, 512), 8, None), ((16, 64, 96, 96), 8, None),
                                          ((2, 320, 64, 64), 32, None), ((2, 64, 96, 96), 8, None),
                                          ((16, 512, 32, 32), 32, CL), ((1, 128, 256, 256), 32, CL)], ids=str)
-def test_gpu_cuda_graph_replay(shape, G, fmt, monkeypatch):
+@pytest.mark.parametrize("knobs", ["GNEXT_ONEPASS=2", "GNEXT_ONEPASS=0", "GNEXT_ONEPASS=0,GNEXT_WIDE_NHWC=2"])
+def test_gpu_cuda_graph_replay(shape, G, fmt, knobs, monkeypatch):
     """Forward + backward captured in a CUDA graph (memset of the counters and cooperative
     launches included) give the same bits on replay as eagerly, for fresh inputs copied in.
-    GNEXT_ONEPASS=2: the channels_last shapes take the NHWC one-pass kernel too."""
-    monkeypatch.setenv("GNEXT_ONEPASS", "2")
+    GNEXT_ONEPASS=2: the channels_last shapes take the NHWC one-pass kernel too; GNEXT_ONEPASS=0: the
+    two-pass kernels (programmatic dependent launches captured as graph edges); GNEXT_WIDE_NHWC=2: the
+    channels_last shapes take the channels_last wide forward."""
+    for knob in knobs.split(","):
+        monkeypatch.setenv(*knob.split("="))
     x = rand_input(shape, torch.float32, "cuda", memory_format=fmt)
     w = torch.rand(shape[1], device="cuda") + 0.5
     b = torch.randn(shape[1], device="cuda")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Small driver for compute-sanitizer (scripts/dev/sanitize.sh): forward + backward of gnext's
 GroupNorm on shapes that take every kernel family (one-pass NCHW/NHWC with and without inter-CTA
-waits, two-pass NCHW/NHWC, HxW = 1), each checked against float64 so that a sanitizer run also
+waits, two-pass NCHW/NHWC, the channels_last wide forward, small groups, HxW = 1), each checked against float64 so that a sanitizer run also
 fails on wrong results; then group_norm_act and the fused conv op (the kernels' pointwise modes).
 Sizes are small: the sanitizers slow kernels down 10-100x."""
 import os
@@ -110,9 +110,13 @@ def main():
     if os.environ.get("GNEXT_SANITIZE_ONLY") == "lse":  # only the group_norm_act_logsumexp kernels
         print(f"{bad} failing case(s)")
         sys.exit(1 if bad else 0)
-    for onepass in ("2", "0"):  # 2: one-pass wherever it fits (NHWC too)
-        os.environ["GNEXT_ONEPASS"] = onepass
+    # 2: one-pass wherever it fits (NHWC too); 0: two-pass; wide: the channels_last wide forward
+    for onepass in ("2", "0", "wide"):
+        os.environ["GNEXT_ONEPASS"] = "0" if onepass == "wide" else onepass
+        os.environ["GNEXT_WIDE_NHWC"] = "2" if onepass == "wide" else "1"
         for shape, G, dtype, fmt in CASES:
+            if onepass == "wide" and fmt is None:
+                continue
             g = torch.Generator(device="cuda").manual_seed(0)
             x = (torch.randn(shape, device="cuda", generator=g) * 3 + 2).to(dtype)
             if fmt is not None:
