@@ -65,9 +65,9 @@ cudaError_t raise_smem_limit(Kernel kernel, size_t smem) {
 
 // Programmatic dependent launch (PDL, sm_90+) of `kernel`: it may start while the kernel before it in the
 // stream finishes (its launch and CTA start-up overlap that kernel's tail); it must call pdl_wait()
-// (common/device_utils.cuh) before its first global memory access, which keeps stream order. Used for the
-// kernels that follow another gnext kernel (finalize, affine, dgamma/dbeta). A plain launch before sm_90 or
-// with GNEXT_PDL=0 (measurements).
+// (common/device_utils.cuh) before its first global memory access, which keeps stream order. Used for every
+// two-pass and small-group kernel: the first one of an op overlaps the tail of the caller's previous kernel,
+// the others their gnext predecessor's. A plain launch before sm_90 or with GNEXT_PDL=0 (measurements).
 inline bool pdl_enabled() {
   static std::atomic<int> major[kMaxDevices];  // compute capability major + 1 per device, 0: not read yet
   const char* env = std::getenv("GNEXT_PDL");

@@ -1,6 +1,6 @@
-// Launchers of the two-pass GroupNorm kernels: dtype / vector-width / mode dispatch and launches only; the
-// kernels that follow the reduction by programmatic dependent launch (launch_dependent). The one-pass
-// launcher: group_norm_onepass.cu, compiled in parallel.
+// Launchers of the two-pass GroupNorm kernels: dtype / vector-width / mode dispatch and launches only, every
+// kernel by programmatic dependent launch (launch_dependent). The one-pass launcher: group_norm_onepass.cu,
+// compiled in parallel.
 // No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.
 #include <algorithm>
 
@@ -30,10 +30,9 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
             if (e != cudaSuccess) return e;
           }
-          kernel<<<dim3(p.N, g.K), g.threads, g.smem, stream>>>(xp, dyp, mean, out, p.HxW, g.chunk,
-                                                                 static_cast<int>(p.C), static_cast<int>(p.D),
-                                                                 static_cast<int>(p.G), g.tpr, g.rpi, pw);
-          return cudaGetLastError();
+          return launch_dependent(kernel, dim3(p.N, g.K), dim3(g.threads), g.smem, stream, xp, dyp, mean, out, p.HxW,
+                                  g.chunk, static_cast<int>(p.C), static_cast<int>(p.D), static_cast<int>(p.G), g.tpr,
+                                  g.rpi, pw);
         };
         // An NCHW dy (PwArgs::dy_nchw) only without an output activation (modes 0-2: GroupNorm and
         // the input prologues); the host copies dy for the others.
@@ -43,10 +42,9 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
         if (pw.dy_nchw) return cudaErrorInvalidValue;
         return launch(reduce_nhwc_kernel<T, V, R, P>);
       } else {
-        reduce_nchw_kernel<T, V, R, P><<<dim3(p.N * p.C, g.K), g.threads, 0, stream>>>(
-            xp, dyp, mean, out, p.HxW, g.chunk, p.C, p.D, p.G, pw);
+        return launch_dependent(reduce_nchw_kernel<T, V, R, P>, dim3(p.N * p.C, g.K), dim3(g.threads), 0, stream, xp,
+                                dyp, mean, out, p.HxW, g.chunk, p.C, p.D, p.G, pw);
       }
-      return cudaGetLastError();
     };
     // The forward reduction is the same for every output activation: prologue modes only.
     return with_vec<T>(g.vec, [&](auto vv) {

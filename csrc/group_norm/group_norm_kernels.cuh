@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                        typename R::State* __restrict__ partial, int64_t HxW, int64_t chunk, int64_t C, int64_t D,
                        int64_t G, PwArgs pw) {
   pdl_trigger();  // the finalize after it may launch (launch_dependent)
+  pdl_wait();     // launched as dependent of the caller's previous kernel
   using State = typename R::State;
   __shared__ State scratch[33];
   const int64_t row = blockIdx.x;
@@ -165,6 +166,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                        typename R::State* __restrict__ partial, int64_t rows, int64_t rchunk, int C, int D, int G,
                        int tpr, int rpi, PwArgs pw) {
   pdl_trigger();  // the finalize after it may launch (launch_dependent)
+  pdl_wait();     // launched as dependent of the caller's previous kernel
   using State = typename R::State;
   constexpr int P = pw_pre(Pw), A = pw_act(Pw);
   constexpr bool kEpi = R::kNeedsDy && A != kActIdentity;  // dy -> dy * act'(GroupNorm(x))
@@ -401,8 +403,7 @@ template <typename W>
 __global__ void __launch_bounds__(32 * kGammaBetaRows)
     gamma_beta_backward_kernel(const float2* __restrict__ dsum, const float* __restrict__ rstd,
                                W* __restrict__ dgamma, W* __restrict__ dbeta, int64_t N, int64_t C, int64_t G) {
-  pdl_trigger();
-  pdl_wait();  // launch_dependent: the kernel before it has completed
+  pdl_wait();  // launch_dependent (no trigger: see small_backward_kernel)
   __shared__ float2 rows[kGammaBetaRows][33];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + tx;

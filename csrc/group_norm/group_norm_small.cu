@@ -25,6 +25,7 @@ template <typename T, int V, int A>
 __global__ void __launch_bounds__(kSmallThreads)
     small_forward_kernel(OnePassArgs a, int64_t groups, int G, int D, uint32_t L, int lanes_log2, int k,
                          FastDivmod hw) {
+  pdl_wait();  // launch_dependent: the previous kernel in the stream has completed
   constexpr int K = kSmallMaxVecs / 32;  // vectors per lane at most
   const int lanes = 1 << lanes_log2;
   const int lane = threadIdx.x & 31, sl = lane & (lanes - 1);
@@ -102,7 +103,10 @@ template <typename T, int V, int A>
 __global__ void __launch_bounds__(kSmallThreads)
     small_backward_kernel(OnePassArgs a, int64_t groups, int G, int D, uint32_t L, int lanes_log2, int k,
                           uint32_t HxW, FastDivmod hw) {
-  pdl_trigger();  // dgamma/dbeta after it may launch (launch_dependent)
+  // No pdl_trigger(): dgamma/dbeta after it launches as it exits. Triggered at the start, in a chain of
+  // backward calls (a CUDA graph) the next call's kernels took SM slots early: 256x1024x1x1 bf16 backward 10.0
+  // -> 12.8 µs per call (bench_results/pdl_first_graph_h100.log).
+  pdl_wait();  // launch_dependent: the previous kernel in the stream has completed
   constexpr int K = kSmallMaxVecs / 32;  // vectors per lane at most
   using Raw = typename Pack<T, V>::Raw;
   extern __shared__ float2 pieces[];
@@ -260,10 +264,9 @@ cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeom
   return with_small(t, g, a, [&](auto tt, auto aa) -> cudaError_t {
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T), A = decltype(aa)::value;
-    small_forward_kernel<T, V, A><<<g.grid, kSmallThreads, 0, stream>>>(
-        a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
-        g.lanes_log2, g.k, FastDivmod(static_cast<uint32_t>(p.HxW)));
-    return cudaGetLastError();
+    return launch_dependent(small_forward_kernel<T, V, A>, dim3(g.grid), dim3(kSmallThreads), 0, stream, a, p.N * p.G,
+                            static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
+                            g.lanes_log2, g.k, FastDivmod(static_cast<uint32_t>(p.HxW)));
   });
 }
 
@@ -276,10 +279,10 @@ cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeo
       const cudaError_t e = raise_smem_limit<SmallBwdTag<T, A>>(small_backward_kernel<T, V, A>, g.smem);
       if (e != cudaSuccess) return e;
     }
-    small_backward_kernel<T, V, A><<<g.grid, kSmallThreads, g.smem, stream>>>(
-        a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
-        g.lanes_log2, g.k, static_cast<uint32_t>(p.HxW), FastDivmod(static_cast<uint32_t>(p.HxW)));
-    return cudaGetLastError();
+    return launch_dependent(small_backward_kernel<T, V, A>, dim3(g.grid), dim3(kSmallThreads), g.smem, stream, a,
+                            p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D),
+                            static_cast<uint32_t>(p.D * p.HxW), g.lanes_log2, g.k, static_cast<uint32_t>(p.HxW),
+                            FastDivmod(static_cast<uint32_t>(p.HxW)));
   });
 }
 

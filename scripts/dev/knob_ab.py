@@ -3,9 +3,10 @@
 (gnext.group_norm, and gnext.group_norm_act with SiLU unless --no-act) and the backward op
 (gnext.group_norm_backward / group_norm_act_backward, all three gradients) timed with CUDA events, the L2
 flushed before each call (scripts/bench/timing.Timer), every knob value once per round, rounds in a fresh
-random order, median and min-max over rounds. Diagnostic for a kernel or launch change behind a knob;
-speed claims come from scripts/bench.
-    python scripts/dev/knob_ab.py --env GNEXT_PDL=0,1 --shape 1,128,1024,1024:32:float16:cl [--rounds 7]
+random order, median and min-max over rounds. --graph N times N back-to-back calls replayed from one CUDA
+graph instead (GPU time per call in a chain of ops, launch boundaries included, no host time). Diagnostic
+for a kernel or launch change behind a knob; speed claims come from scripts/bench.
+    python scripts/dev/knob_ab.py --env GNEXT_PDL=0,1 --shape 1,128,1024,1024:32:float16:cl [--rounds 7] [--graph 50]
 """
 from __future__ import annotations
 
@@ -43,6 +44,35 @@ def cases(shape, G, dtype, fmt, act):
     return out
 
 
+def chain(fn, n, knob, value):
+    """A function returning the µs per call of n calls of fn captured in one CUDA graph (with knob=value at
+    capture), median of 20 replays."""
+    def capture():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                fn()
+        return g
+    graph = with_env(capture, **{knob: value})()
+
+    def run():
+        graph.replay()
+        torch.cuda.synchronize()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(20)]
+        for a, b in events:
+            a.record()
+            graph.replay()
+            b.record()
+        torch.cuda.synchronize()
+        return 1e3 * statistics.median(a.elapsed_time(b) for a, b in events) / n
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", required=True, metavar="NAME=V1,V2", help="the knob and its values")
@@ -50,12 +80,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-act", action="store_true", help="GroupNorm only")
     ap.add_argument("--fwd", action="store_true", help="forward ops only")
+    ap.add_argument("--graph", type=int, default=0, metavar="N",
+                    help="time N back-to-back calls captured in one CUDA graph (per call; no L2 flush: the GPU "
+                         "time of a chain of ops, as in a compiled model) instead of single calls")
     args = ap.parse_args()
     knob, _, values = args.env.partition("=")
     values = values.split(",")
     timer = Timer("cuda")
     rng = random.Random(0)
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; us per op call (CUDA events, L2 flushed), "
+    how = f"{args.graph} calls in a CUDA graph, per call" if args.graph else "CUDA events, L2 flushed"
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; us per op call ({how}), "
           f"median [min-max] of {args.rounds} rounds; columns: {knob}")
     print(f"{'shape':34s} {'op':9s} " + " ".join(f"{v:>22s}" for v in values) + "  last/first")
     for spec in args.shape:
@@ -64,12 +98,14 @@ def main():
             if args.fwd and not name.endswith("fwd"):
                 continue
             times = {v: [] for v in values}
+            runs = {v: (chain(fn, args.graph, knob, v) if args.graph
+                        else with_env(lambda: 1e3 * timer(fn, min_reps=10, max_reps=50, budget_s=0.1), **{knob: v}))
+                    for v in values}
             for _ in range(args.rounds):
                 order = values[:]
                 rng.shuffle(order)
                 for v in order:
-                    times[v].append(1e3 * with_env(lambda: timer(fn, min_reps=10, max_reps=50, budget_s=0.1),
-                                                   **{knob: v})())
+                    times[v].append(runs[v]())
             cells = [f"{statistics.median(t):8.1f} [{min(t):6.1f}-{max(t):6.1f}]" for t in times.values()]
             ratio = statistics.median(times[values[-1]]) / statistics.median(times[values[0]])
             print(f"{spec:34s} {name:9s} " + " ".join(f"{c:>22s}" for c in cells) + f"  {ratio:9.3f}", flush=True)
