@@ -16,17 +16,10 @@ cudaError_t launch_persistent(Kernel kernel, unsigned grid, int threads, size_t 
                               cudaStream_t stream, Args... args) {
   const cudaError_t e = raise_smem_limit<Tag>(kernel, smem);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cooperative ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  return launch_ex(kernel, dim3(grid), dim3(threads), smem, stream, cooperative ? &attr : nullptr, args...);
 }
 // Tags of launch_persistent: one-pass kernels by (T, kernel id), wide kernels by (T, activation, bwd).
 template <typename T, int Id>

@@ -27,6 +27,77 @@
 namespace gnext {
 namespace gn {
 
+// The two loops of the wide forward kernels over a CTA's part of a unit: elements first, first + step, ... below
+// hi, kUnroll 16-byte vectors at a time. absorb(buf, e, q, n_tag) takes n vectors of x read at e, e + step, ...
+// (statistics, and the stage entries of buf).
+using WideUnrolled = std::integral_constant<int, kUnroll>;
+using WideOne = std::integral_constant<int, 1>;
+
+// Statistics only: reads unit xv.
+template <typename T, typename Absorb>
+__device__ __forceinline__ void wide_read(const T* xv, int64_t first, int64_t hi, int64_t step, uint4* buf,
+                                          uint64_t keep, Absorb&& absorb) {
+  using Vec = Pack<T, 16 / sizeof(T)>;
+  int64_t i = first;
+  for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
+    Vec q[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xv + i + k * step, keep);
+    absorb(buf, i, q, WideUnrolled{});
+  }
+  for (; i < hi; i += step) {
+    Vec q;
+    q.raw = ldg_hint(xv + i, keep);
+    absorb(buf, i, &q, WideOne{});
+  }
+}
+
+// One loop that normalizes a unit (fetch(e): its vector at e from shared memory or L2; normalize(e, raw)) and,
+// if next, reads unit xn (absorb, after the stage entries were fetched), so that DRAM reads, writes and
+// arithmetic overlap.
+template <typename T, typename Fetch, typename Normalize, typename Absorb>
+__device__ __forceinline__ void wide_stream(int64_t first, int64_t hi, int64_t step, bool next, const T* xn, uint4* buf,
+                                            uint64_t keep, Fetch&& fetch, Normalize&& normalize, Absorb&& absorb) {
+  using Vec = Pack<T, 16 / sizeof(T)>;
+  int64_t i = first;
+  for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
+    uint4 r[kUnroll];
+    Vec q[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) r[k] = fetch(i + k * step);
+    if (next) {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xn + i + k * step, keep);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) normalize(i + k * step, r[k]);
+    if (next) absorb(buf, i, q, WideUnrolled{});
+  }
+  for (; i < hi; i += step) {
+    const uint4 r = fetch(i);
+    Vec q;
+    if (next) q.raw = ldg_hint(xn + i, keep);
+    normalize(i, r);
+    if (next) absorb(buf, i, &q, WideOne{});
+  }
+}
+
+// out[e, e + V) = v (+ residual[e, e + V) if ru) as T, stored with the L2 hint `drop`.
+template <typename T>
+__device__ __forceinline__ void wide_store(T* ou, const T* ru, int64_t e, float* v, uint64_t drop) {
+  constexpr int V = 16 / sizeof(T);
+  if (ru != nullptr) {
+    float rv[V];
+    load_vec<T, V>(ru + e, rv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] += rv[j];
+  }
+  Pack<T, V> r;
+#pragma unroll
+  for (int j = 0; j < V; ++j) r.v[j] = static_cast<T>(v[j]);
+  stg_hint(ou + e, r.raw, drop);
+}
+
 template <typename T, int A>
 __global__ void __launch_bounds__(kWideThreads, 1)
     wide_forward_kernel(OnePassArgs a, int64_t units, int64_t L, FastDivmod hw, int G, int D, int64_t slice,
@@ -74,25 +145,10 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     }
     s = WelfordOp::identity();
   };
-  using Unrolled = std::integral_constant<int, kUnroll>;
-  using One = std::integral_constant<int, 1>;
 
   // Groups 0 .. ahead: statistics only.
   for (int64_t v = 0; v < min(static_cast<int64_t>(nbuf), units); ++v) {
-    uint4* const buf = buffer(v);
-    const T* xv = x + v * L;
-    int64_t i = first;
-    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
-      Vec q[kUnroll];
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xv + i + k * step, keep);
-      absorb(buf, i, q, Unrolled{});
-    }
-    for (; i < hi; i += step) {
-      Vec q;
-      q.raw = ldg_hint(xv + i, keep);
-      absorb(buf, i, &q, One{});
-    }
+    wide_read(x + v * L, first, hi, step, buffer(v), keep, absorb);
     publish(v);
   }
 
@@ -153,37 +209,9 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       float v[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) v[j] = act_apply<A>(fmaf(to_float(r.v[j]) - mu, scale, shift));
-      if (ru != nullptr) {
-        float rv[V];
-        load_vec<T, V>(ru + e, rv);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] += rv[j];
-      }
-#pragma unroll
-      for (int j = 0; j < V; ++j) r.v[j] = static_cast<T>(v[j]);
-      stg_hint(ou + e, r.raw, drop);
+      wide_store(ou, ru, e, v, drop);
     };
-    int64_t i = first;
-    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
-      uint4 r[kUnroll];
-      Vec q[kUnroll];
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) r[k] = fetch(i + k * step);
-      if (next) {
-#pragma unroll
-        for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xn + i + k * step, keep);
-      }
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) normalize(i + k * step, r[k]);
-      if (next) absorb(buf, i, q, Unrolled{});  // after the stage entries of group u were read
-    }
-    for (; i < hi; i += step) {
-      const uint4 r = fetch(i);
-      Vec q;
-      if (next) q.raw = ldg_hint(xn + i, keep);
-      normalize(i, r);
-      if (next) absorb(buf, i, &q, One{});
-    }
+    wide_stream(first, hi, step, next, xn, buf, keep, fetch, normalize, absorb);
     if (next) publish(w);
   }
 }
@@ -306,25 +334,10 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     if (threadIdx.x == 0) arrive(a.counters + v);
     reset();
   };
-  using Unrolled = std::integral_constant<int, kUnroll>;
-  using One = std::integral_constant<int, 1>;
 
   // Images 0 .. ahead: statistics only.
   for (int64_t v = 0; v < min(static_cast<int64_t>(nbuf), units); ++v) {
-    uint4* const buf = buffer(v);
-    const T* xv = x + v * L;
-    int64_t i = first;
-    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
-      Vec q[kUnroll];
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xv + i + k * step, keep);
-      absorb(buf, i, q, Unrolled{});
-    }
-    for (; i < hi; i += step) {
-      Vec q;
-      q.raw = ldg_hint(xv + i, keep);
-      absorb(buf, i, &q, One{});
-    }
+    wide_read(x + v * L, first, hi, step, buffer(v), keep, absorb);
     publish(v);
   }
 
@@ -379,37 +392,9 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       float v[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) v[j] = act_apply<A>(fmaf(to_float(r.v[j]) - mu[j], scale[j], shift[j]));
-      if (ru != nullptr) {
-        float rv[V];
-        load_vec<T, V>(ru + e, rv);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[j] += rv[j];
-      }
-#pragma unroll
-      for (int j = 0; j < V; ++j) r.v[j] = static_cast<T>(v[j]);
-      stg_hint(ou + e, r.raw, drop);
+      wide_store(ou, ru, e, v, drop);
     };
-    int64_t i = first;
-    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
-      uint4 r[kUnroll];
-      Vec q[kUnroll];
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) r[k] = fetch(i + k * step);
-      if (next) {
-#pragma unroll
-        for (int k = 0; k < kUnroll; ++k) q[k].raw = ldg_hint(xn + i + k * step, keep);
-      }
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) normalize(i + k * step, r[k]);
-      if (next) absorb(buf, i, q, Unrolled{});  // after image u's stage entries were read
-    }
-    for (; i < hi; i += step) {
-      const uint4 r = fetch(i);
-      Vec q;
-      if (next) q.raw = ldg_hint(xn + i, keep);
-      normalize(i, r);
-      if (next) absorb(buf, i, &q, One{});
-    }
+    wide_stream(first, hi, step, next, xn, buf, keep, fetch, normalize, absorb);
     if (next) publish(w);
   }
 }

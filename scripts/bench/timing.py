@@ -1,6 +1,7 @@
 """Timing and input helpers shared by the benchmarks (scripts/bench/*) and the developer tools
 (scripts/dev/*): CUDA-event timing with the L2 flushed, the copy-bandwidth floor, GroupNorm inputs,
-writing a result table (JSON + markdown), and running a call under gnext's environment knobs."""
+writing a result table (JSON + markdown), running a call under gnext's environment knobs, and capturing
+calls in a CUDA graph."""
 from __future__ import annotations
 
 import json
@@ -99,3 +100,18 @@ def with_env(fn, **env):
                 else:
                     os.environ[k] = v
     return run
+
+
+def cuda_graph(fn, n=1):
+    """A CUDA graph of n back-to-back calls of fn (one warm-up call on a side stream first), for timing
+    chains of calls without host time: returns the torch.cuda.CUDAGraph (replay() runs it)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    return g

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "dev"))
 sys.path.insert(0, str(ROOT))
 from profile_kernels import parse_shape  # noqa: E402
-from timing import Timer, make_inputs, with_env  # noqa: E402
+from timing import Timer, cuda_graph, make_inputs, with_env  # noqa: E402
 
 import groupnorm_ext  # noqa: E402,F401
 
@@ -47,18 +47,7 @@ def cases(shape, G, dtype, fmt, act):
 def chain(fn, n, knob, value):
     """A function returning the µs per call of n calls of fn captured in one CUDA graph (with knob=value at
     capture), median of 20 replays."""
-    def capture():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(n):
-                fn()
-        return g
-    graph = with_env(capture, **{knob: value})()
+    graph = with_env(lambda: cuda_graph(fn, n), **{knob: value})()
 
     def run():
         graph.replay()

@@ -20,7 +20,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT))
-from timing import Timer, copy_bandwidth, with_env  # noqa: E402
+from timing import Timer, copy_bandwidth, cuda_graph, with_env  # noqa: E402
 
 import groupnorm_ext  # noqa: E402,F401
 
@@ -39,15 +39,7 @@ CASES = [
 
 def graphed(fn):
     """fn captured in a CUDA graph: the chunk loop's dozens of calls would otherwise be host-bound."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
+    return cuda_graph(fn).replay
 
 
 def nchw_slabs(t, G, k):
