@@ -442,6 +442,30 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   return g;
 }
 
+// Stage buffers of a wide plan whose grid and slice are set: `tensors` staged tensors (the backward: x and dy),
+// 1 + ahead buffers each, out of `avail` bytes of shared memory, plus `extra` bytes; each buffer holds the
+// first bytes of a slice, a multiple of `align` (GNEXT_WIDE_HELD=bytes caps it). L2 holds the rest of every
+// unit between its two reads: a forward with the look-ahead has three units' rests there at once (the one
+// normalized, the ones read), kept under half of L2 (the writes stream through the rest), else it drops the
+// look-ahead; GNEXT_WIDE_AHEAD=0 drops it always. Sets g.held, g.ahead, g.smem; returns the bytes of a unit
+// (all staged tensors) beyond shared memory.
+inline int64_t wide_stages(WideGeometry& g, int64_t esize, int64_t unit_bytes, int tensors, bool ahead,
+                           int64_t avail, int64_t align, int64_t extra) {
+  int64_t rest = 0;
+  auto fill = [&](int a) {
+    const int64_t parts = int64_t{tensors} * (1 + a);
+    int64_t held = std::min<int64_t>(avail / parts / align * align, g.slice * esize);
+    if (const int cap = env_int("GNEXT_WIDE_HELD", -1); cap >= 0) held = std::min<int64_t>(held, cap / 16 * 16);
+    g.held = held / esize;
+    g.ahead = a;
+    g.smem = static_cast<size_t>(parts * held + extra);
+    rest = tensors * (unit_bytes - static_cast<int64_t>(g.grid) * held);
+  };
+  fill(ahead && env_int("GNEXT_WIDE_AHEAD", 1) != 0 ? 1 : 0);
+  if (g.ahead == 1 && 3 * rest > static_cast<int64_t>(device_props().l2CacheSize) / 2) fill(0);
+  return rest;
+}
+
 // Wide forward plan (group_norm_wide.cuh) for an NCHW forward that the one-pass plan did not take, or
 // nullopt. One CTA per SM, each a 1 KB-aligned slice of every group, as much of it as fits kept in
 // shared memory (~29 MB over the H100's 132 SMs; ~15 MB per group with the look-ahead's two buffers) and
@@ -484,25 +508,10 @@ inline std::optional<WideGeometry> wide_geometry(const Problem& p, ScalarType t,
   if (bwd && g.slice > p.HxW) return std::nullopt;
   g.grid = static_cast<unsigned>(ceil_div(L, g.slice));
   g.threads = kWideThreads;
-  // Shared memory per tensor (the backward stages x and dy) and per buffer (the forward with ahead = 1 has
-  // two), and the bytes of each group beyond it, read back from L2.
-  int64_t rest = 0;
-  auto fill = [&](int ahead) {
-    const int64_t parts = tensors * (1 + ahead);
-    int64_t held = std::min<int64_t>(
-        (static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem) / parts / 1024 * 1024, g.slice * esize);
-    if (const int cap = env_int("GNEXT_WIDE_HELD", -1); cap >= 0) held = std::min<int64_t>(held, cap / 16 * 16);
-    g.held = held / esize;
-    g.ahead = ahead;
-    g.smem = static_cast<size_t>(parts * held);
-    rest = bytes - static_cast<int64_t>(g.grid) * tensors * held;
-  };
-  // L2 holds the rest of every group between its two reads: the forward has 2 + ahead groups' rests there at
-  // once (the one normalized, the ones read), kept under half of L2 (the writes stream through the rest);
-  // the backward's one or two under all of it. GNEXT_WIDE_AHEAD=0 turns the forward's look-ahead off.
+  // The backward's one or two rests of a group in L2 are kept under all of it (below).
+  const int64_t rest = wide_stages(g, esize, L * esize, static_cast<int>(tensors), /*ahead=*/!bwd,
+                                   static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem, 1024, 0);
   const int64_t l2 = static_cast<int64_t>(prop.l2CacheSize);
-  fill(!bwd && env_int("GNEXT_WIDE_AHEAD", 1) != 0 ? 1 : 0);
-  if (g.ahead == 1 && 3 * rest > l2 / 2) fill(0);
   if (mode == 2) return g;
   const int64_t min_bytes = bwd ? (epilogue ? kWideMinBytesBwdAct : kWideMinBytesBwd) : kWideMinBytes;
   const int64_t max_rest = bwd ? l2 : l2 / 4;
@@ -547,19 +556,9 @@ inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, ScalarTy
   g.grid = static_cast<unsigned>(ceil_div(p.HxW, srows));
   const int64_t stats = int64_t{g.threads} * 2 * static_cast<int64_t>(sizeof(float)) * 3 + p.G * 8;
   const int64_t avail = static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem - round_up(stats, 16);
-  int64_t rest = 0;
-  auto fill = [&](int ahead) {
-    int64_t held = std::min<int64_t>(avail / (1 + ahead) / 16 * 16, g.slice * esize);
-    if (const int cap = env_int("GNEXT_WIDE_HELD", -1); cap >= 0) held = std::min<int64_t>(held, cap / 16 * 16);
-    g.held = held / esize;
-    g.ahead = ahead;
-    g.smem = static_cast<size_t>((1 + ahead) * held + round_up(stats, 16));
-    rest = L * esize - static_cast<int64_t>(g.grid) * held;
-  };
-  const int64_t l2 = static_cast<int64_t>(prop.l2CacheSize);
-  fill(p.N > 1 && env_int("GNEXT_WIDE_AHEAD", 1) != 0 ? 1 : 0);
-  if (g.ahead == 1 && 3 * rest > l2 / 2) fill(0);
   if (avail <= 0) return std::nullopt;
+  const int64_t rest = wide_stages(g, esize, L * esize, 1, /*ahead=*/p.N > 1, avail, 16, round_up(stats, 16));
+  const int64_t l2 = static_cast<int64_t>(prop.l2CacheSize);
   if (mode == 2) return g;
   if (p.N != 1 || L * esize < kWideNhwcMinBytes || rest > l2 / 4) return std::nullopt;
   return g;

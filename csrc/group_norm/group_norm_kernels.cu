@@ -10,6 +10,10 @@
 namespace gnext {
 namespace gn {
 
+// Tag of raise_smem_limit: the NHWC reduction by its template arguments.
+template <typename T, int V, typename R, int P, bool DyNchw>
+struct ReduceNhwcTag {};
+
 cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const ReduceGeometry& g, const void* x,
                           const void* dy, const float* mean, float* partial, const PwArgs& pw,
                           cudaStream_t stream) {
@@ -24,10 +28,11 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
       const T* dyp = static_cast<const T*>(dy);
       State* out = reinterpret_cast<State*>(partial);
       if (g.nhwc) {
-        auto launch = [&](auto kernel) -> cudaError_t {
+        auto launch = [&](auto dytag) -> cudaError_t {
+          constexpr bool DyNchw = decltype(dytag)::value;
+          auto kernel = reduce_nhwc_kernel<T, V, R, P, DyNchw>;
           if (g.smem > 48 * 1024) {
-            const cudaError_t e =
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(g.smem));
+            const cudaError_t e = raise_smem_limit<ReduceNhwcTag<T, V, R, P, DyNchw>>(kernel, g.smem);
             if (e != cudaSuccess) return e;
           }
           return launch_dependent(kernel, dim3(p.N, g.K), dim3(g.threads), g.smem, stream, xp, dyp, mean, out, p.HxW,
@@ -37,10 +42,10 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
         // An NCHW dy (PwArgs::dy_nchw) only without an output activation (modes 0-2: GroupNorm and
         // the input prologues); the host copies dy for the others.
         if constexpr (R::kNeedsDy && pw_act(P) == kActIdentity) {
-          if (pw.dy_nchw) return launch(reduce_nhwc_kernel<T, V, R, P, true>);
+          if (pw.dy_nchw) return launch(std::true_type{});
         }
         if (pw.dy_nchw) return cudaErrorInvalidValue;
-        return launch(reduce_nhwc_kernel<T, V, R, P>);
+        return launch(std::false_type{});
       } else {
         return launch_dependent(reduce_nchw_kernel<T, V, R, P>, dim3(p.N * p.C, g.K), dim3(g.threads), 0, stream, xp,
                                 dyp, mean, out, p.HxW, g.chunk, p.C, p.D, p.G, pw);
