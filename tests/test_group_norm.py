@@ -674,7 +674,7 @@ SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is tak
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("knob", ["", "GNEXT_SMALL=0", "GNEXT_SMALL_FILL=0", "GNEXT_SMALL_FILL=64"])
+@pytest.mark.parametrize("knob", ["", "GNEXT_SMALL=0", "GNEXT_SMALL_FILL=0", "GNEXT_SMALL_FILL=64", "GNEXT_SMALL_KREG=8"])
 @pytest.mark.parametrize("case", SMALL_CASES, ids=_ids)
 def test_gpu_small_groups(case, knob, dtype, monkeypatch):
     """Default plan; the other kernels (GNEXT_SMALL=0); the fewest lanes per group (grid fill off) and the

@@ -94,6 +94,25 @@ def test_small_group_forward(act):
         _check("cuda", dtype, None, (12, 48, 7, 7), 6, act, with_res=False, seed=7)
 
 
+# Small-group backward plans (dy' kept in registers between its two uses): registers sized by the plan's
+# vectors per lane (default: 1, 2, 4 or 8) or 8 for all (GNEXT_SMALL_KREG=8); the fewest lanes per group
+# (GNEXT_SMALL_FILL=0: up to 8 vectors per lane) or the most (64).
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", ["", "GNEXT_SMALL_FILL=0", "GNEXT_SMALL_FILL=64", "GNEXT_SMALL_KREG=8",
+                                   "GNEXT_SMALL_KREG=8 GNEXT_SMALL_FILL=0"])
+@pytest.mark.parametrize("act", ["silu", "relu", "hardswish", "gelu"])
+def test_small_group_backward_plans(act, knobs, monkeypatch):
+    for knob in knobs.split():
+        monkeypatch.setenv(*knob.split("="))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        _check("cuda", dtype, None, (8, 64, 4, 4), 16, act, with_res=True, seed=5)
+        _check("cuda", dtype, None, (64, 64, 4, 4), 1, act, with_res=False, seed=8)  # fp32: 8 vectors per lane
+        _check("cuda", dtype, None, (64, 128, 4, 4), 1, act, with_res=False, seed=10)  # fp16/bf16: 8 per lane
+        _check("cuda", dtype, CL, (64, 64, 1, 1), 8, act, with_res=False, seed=6)
+        _check("cuda", dtype, None, (12, 48, 7, 7), 6, act, with_res=False, seed=7)  # vectors cross channels
+        _check("cuda", dtype, None, (9, 40, 8), 8, act, with_res=False, seed=9)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["silu", "relu", "tanh_hardswish", "gelu_tanh"])
 def test_wide_forward(act, monkeypatch):

@@ -432,6 +432,9 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   g.k = static_cast<int>(ceil_div(nvec, int64_t{1} << g.lanes_log2));
   g.grid = static_cast<unsigned>(grid_of(g.lanes_log2));
   g.smem = 0;
+  // The kernels' registers sized by k (group_norm_small.cu, with_small); GNEXT_SMALL_KREG=8: 8 vector
+  // registers per lane for every plan, as before 2026-11-24.
+  g.kreg = env_int("GNEXT_SMALL_KREG", 0) == 8 ? 8 : g.k <= 1 ? 1 : g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
   if (bwd) {
     const bool aligned = p.HxW % V == 0;
     const int64_t pieces = aligned ? nvec : L, per_channel = aligned ? p.HxW / V : p.HxW;

@@ -158,6 +158,7 @@ struct SmallGeometry {
   int vec;         // elements per 16-byte vector
   int lanes_log2;  // lanes per group: 1 .. 32
   int k;           // vectors per lane, <= kSmallMaxVecs / 32
+  int kreg;        // vector registers per lane (the kernels' K): k rounded up to 1, 2, 4 or 8
   unsigned grid;
   size_t smem;     // backward: dynamic shared memory bytes; forward: 0
 };

@@ -21,12 +21,11 @@ namespace gn {
 
 namespace {
 
-template <typename T, int V, int A>
+template <typename T, int V, int A, int K>
 __global__ void __launch_bounds__(kSmallThreads)
     small_forward_kernel(OnePassArgs a, int64_t groups, int G, int D, uint32_t L, int lanes_log2, int k,
                          FastDivmod hw) {
   pdl_wait();  // launch_dependent: the previous kernel in the stream has completed
-  constexpr int K = kSmallMaxVecs / 32;  // vectors per lane at most
   const int lanes = 1 << lanes_log2;
   const int lane = threadIdx.x & 31, sl = lane & (lanes - 1);
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -99,7 +98,7 @@ __global__ void __launch_bounds__(kSmallThreads)
 // Backward: see the top of the file. Pieces of (dy' (x - mean), dy'): one per vector when HxW is a multiple
 // of V (a vector lies in one channel), one per element otherwise; P per group in shared memory, summed per
 // channel, except where a piece is a whole channel (HxW == V, or HxW == 1): then straight from registers.
-template <typename T, int V, int A>
+template <typename T, int V, int A, int K>
 __global__ void __launch_bounds__(kSmallThreads)
     small_backward_kernel(OnePassArgs a, int64_t groups, int G, int D, uint32_t L, int lanes_log2, int k,
                           uint32_t HxW, FastDivmod hw) {
@@ -107,7 +106,6 @@ __global__ void __launch_bounds__(kSmallThreads)
   // backward calls (a CUDA graph) the next call's kernels took SM slots early: 256x1024x1x1 bf16 backward 10.0
   // -> 12.8 µs per call (bench_results/pdl_first_graph_h100.log).
   pdl_wait();  // launch_dependent: the previous kernel in the stream has completed
-  constexpr int K = kSmallMaxVecs / 32;  // vectors per lane at most
   using Raw = typename Pack<T, V>::Raw;
   extern __shared__ float2 pieces[];
   const int lanes = 1 << lanes_log2;
@@ -157,7 +155,13 @@ __global__ void __launch_bounds__(kSmallThreads)
   };
   // dy' of an element (the output activation's derivative at the forward's value).
   auto dyp = [&](float dv, float xm, float2 k) { return act_dy<A>(dv, xm, k.x, k.y); };
-  // Pieces of this lane's vectors.
+  // Pieces of this lane's vectors. With an activation, dy' is kept in registers (dp) for dx below, so that its
+  // derivative (two MUFU ops for SiLU) is evaluated once per element: H100 backward kernel µs, computed twice ->
+  // kept (bench_results/small_keep_kreg_h100.log, 2026-11-24): GroupNorm+SiLU 16x4096x4x4 bf16 14.7 -> 11.7 (GN
+  // 9.3), 32x256x7x7 bf16 11.4 -> 9.4 (7.2), 256x256x7x7 fp32 35.9 -> 30.8 (23.4), 1024x512x4x4 fp16 40.1 ->
+  // 38.9 (33.3), even where the registers this takes (216 for bf16 at K = 8) leave one CTA per SM.
+  constexpr bool kAct = A != kActIdentity;
+  float dp[kAct ? K : 1][V];
 #pragma unroll
   for (int i = 0; i < K; ++i) {
     const uint32_t v = sl + i * lanes;
@@ -166,11 +170,12 @@ __global__ void __launch_bounds__(kSmallThreads)
     unpack(xr[i], xv);
     unpack(dr[i], dv);
     if (aligned) {
-      const float2 kc = A == kActIdentity ? float2{} : chan(c0 + hw.div(v * V));
+      const float2 kc = A != kActIdentity ? chan(c0 + hw.div(v * V)) : float2{};
       float2 s = make_float2(0.f, 0.f);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float d = dyp(dv[e], xv[e] - mu, kc);
+        if constexpr (kAct) dp[i][e] = d;
         s.x = fmaf(d, xv[e] - mu, s.x);
         s.y += d;
       }
@@ -182,7 +187,8 @@ __global__ void __launch_bounds__(kSmallThreads)
     } else {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float d = A == kActIdentity ? dv[e] : dyp(dv[e], xv[e] - mu, chan(c0 + hw.div(v * V + e)));
+        const float d = A != kActIdentity ? dyp(dv[e], xv[e] - mu, chan(c0 + hw.div(v * V + e))) : dv[e];
+        if constexpr (kAct) dp[i][e] = d;
         const float2 s = make_float2(d * (xv[e] - mu), d);
         if (direct) {
           channel_sum(v * V + e, s);
@@ -219,40 +225,53 @@ __global__ void __launch_bounds__(kSmallThreads)
     if (i >= k || v >= nvec) continue;
     float xv[V], dv[V];
     unpack(xr[i], xv);
-    unpack(dr[i], dv);
+    if constexpr (kAct) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) dv[e] = dp[i][e];
+    } else {
+      unpack(dr[i], dv);
+    }
     const uint32_t cf = hw.div(v * V), cl = hw.div(v * V + V - 1);
     if (cf == cl) {
-      const float2 kc = chan(c0 + cf);
+      const float g = chan(c0 + cf).x;
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float xm = xv[e] - mu;
-        xv[e] = fmaf(kc.x, dyp(dv[e], xm, kc), fmaf(c2, xm, c3));
-      }
+      for (int e = 0; e < V; ++e) xv[e] = fmaf(g, dv[e], fmaf(c2, xv[e] - mu, c3));
     } else {
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float2 kc = chan(c0 + hw.div(v * V + e));
-        const float xm = xv[e] - mu;
-        xv[e] = fmaf(kc.x, dyp(dv[e], xm, kc), fmaf(c2, xm, c3));
-      }
+      for (int e = 0; e < V; ++e) xv[e] = fmaf(chan(c0 + hw.div(v * V + e)).x, dv[e], fmaf(c2, xv[e] - mu, c3));
     }
     store_vec<T, V>(og + v * V, xv);
   }
 }
 
-// Tag of raise_smem_limit: the backward kernel by (T, activation).
-template <typename T, int A>
+// Tag of raise_smem_limit: the backward kernel by (T, activation, K).
+template <typename T, int A, int K>
 struct SmallBwdTag {};
 
-// Both launchers: checks the plan, then f(T{}, std::integral_constant<int, A>{}) with V = 16 / sizeof(T).
+// Both launchers: checks the plan, then f(T{}, std::integral_constant<int, A>{}, std::integral_constant<int, K>{})
+// with V = 16 / sizeof(T) and K = g.kreg, the plan's vectors per lane rounded up to 1, 2, 4 or 8: the
+// registers that hold a lane's vectors are sized by K, so a plan of few vectors per lane keeps more CTAs
+// resident (with K = 8 for every plan, every small kernel took 126-128 registers). H100 kernel µs forward /
+// backward, GNEXT_SMALL_KREG=8 (K = 8 always) -> sized (bench_results/small_keep_kreg_h100.log, 2026-11-24):
+// 1024x512x4x4 fp16 17.0 / 36.3 -> 11.0 / 32.8, 256x1024x1x1 bf16 4.0 / 9.9 -> 3.2 / 9.1, 32x256x7x7 bf16
+// 5.9 / 7.7 -> 5.0 / 7.2, 256x256x7x7 fp32 14.5 / 27.6 -> 13.5 / 23.4, 2x1280x1x1 fp16 3.7 / 6.0 -> 2.9 / 5.2.
 template <typename F>
 cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& a, F&& f) {
-  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > kSmallMaxVecs / 32 || g.lanes_log2 < 0 ||
-      g.lanes_log2 > 5 || g.smem > kSmallMaxSmem)
+  static_assert(kSmallMaxVecs / 32 == 8, "K dispatch below covers 1..8 vectors per lane");
+  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > g.kreg || g.kreg > kSmallMaxVecs / 32 ||
+      g.lanes_log2 < 0 || g.lanes_log2 > 5 || g.smem > kSmallMaxSmem)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     if (g.vec != static_cast<int>(16 / sizeof(tt))) return cudaErrorInvalidValue;
-    auto go = [&](auto aa) -> cudaError_t { return f(tt, aa); };
+    auto go = [&](auto aa) -> cudaError_t {
+      switch (g.kreg) {
+        case 1: return f(tt, aa, std::integral_constant<int, 1>{});
+        case 2: return f(tt, aa, std::integral_constant<int, 2>{});
+        case 4: return f(tt, aa, std::integral_constant<int, 4>{});
+        case 8: return f(tt, aa, std::integral_constant<int, 8>{});
+        default: return cudaErrorInvalidValue;
+      }
+    };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });
 }
@@ -261,10 +280,10 @@ cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& 
 
 cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream) {
-  return with_small(t, g, a, [&](auto tt, auto aa) -> cudaError_t {
+  return with_small(t, g, a, [&](auto tt, auto aa, auto kk) -> cudaError_t {
     using T = decltype(tt);
-    constexpr int V = 16 / sizeof(T), A = decltype(aa)::value;
-    return launch_dependent(small_forward_kernel<T, V, A>, dim3(g.grid), dim3(kSmallThreads), 0, stream, a, p.N * p.G,
+    constexpr int V = 16 / sizeof(T), A = decltype(aa)::value, K = decltype(kk)::value;
+    return launch_dependent(small_forward_kernel<T, V, A, K>, dim3(g.grid), dim3(kSmallThreads), 0, stream, a, p.N * p.G,
                             static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
                             g.lanes_log2, g.k, FastDivmod(static_cast<uint32_t>(p.HxW)));
   });
@@ -272,15 +291,15 @@ cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeom
 
 cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                   cudaStream_t stream) {
-  return with_small(t, g, a, [&](auto tt, auto aa) -> cudaError_t {
+  return with_small(t, g, a, [&](auto tt, auto aa, auto kk) -> cudaError_t {
     using T = decltype(tt);
-    constexpr int V = 16 / sizeof(T), A = decltype(aa)::value;
+    constexpr int V = 16 / sizeof(T), A = decltype(aa)::value, K = decltype(kk)::value;
     if (g.smem > 48 * 1024) {
-      const cudaError_t e = raise_smem_limit<SmallBwdTag<T, A>>(small_backward_kernel<T, V, A>, g.smem);
+      const cudaError_t e = raise_smem_limit<SmallBwdTag<T, A, K>>(small_backward_kernel<T, V, A, K>, g.smem);
       if (e != cudaSuccess) return e;
     }
-    return launch_dependent(small_backward_kernel<T, V, A>, dim3(g.grid), dim3(kSmallThreads), g.smem, stream, a,
-                            p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D),
+    return launch_dependent(small_backward_kernel<T, V, A, K>, dim3(g.grid), dim3(kSmallThreads), g.smem, stream,
+                            a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D),
                             static_cast<uint32_t>(p.D * p.HxW), g.lanes_log2, g.k, static_cast<uint32_t>(p.HxW),
                             FastDivmod(static_cast<uint32_t>(p.HxW)));
   });
