@@ -669,16 +669,23 @@ SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is tak
     ((9, 40, 8), 8, None),  # 3-D
     ((4, 64, 2, 4), 64, None),  # G = C
     ((2, 48, 7, 7), 3, None),  # 6 groups: below the rule, the one-pass kernel
+    # A CTA per group (more than 256 vectors, at least 2 groups per SM on GPUs of up to 192 SMs):
+    ((40, 640, 7, 7), 10, None),  # HxW = 49, vectors cross channels: bf16 392 vectors (2 per thread), fp32 784
+    ((48, 512, 8, 8), 8, None),  # 4096 elements: 512 / 1024 vectors
+    ((68, 256, 16, 16), 4, None),  # 16384 elements: bf16 2048 vectors (8 per thread); fp32 too many: other kernels
+    ((44, 192, 9, 9), 6, None),  # 264 groups (2 per SM on the H100), 2592 elements, fp32 ragged
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("knob", ["", "GNEXT_SMALL=0", "GNEXT_SMALL_FILL=0", "GNEXT_SMALL_FILL=64", "GNEXT_SMALL_KREG=8"])
+@pytest.mark.parametrize("knob", ["", "GNEXT_SMALL=0", "GNEXT_SMALL_FILL=0", "GNEXT_SMALL_FILL=64", "GNEXT_SMALL_KREG=8",
+                                  "GNEXT_SMALL_CTA=0", "GNEXT_SMALL_CTA=1"])
 @pytest.mark.parametrize("case", SMALL_CASES, ids=_ids)
 def test_gpu_small_groups(case, knob, dtype, monkeypatch):
     """Default plan; the other kernels (GNEXT_SMALL=0); the fewest lanes per group (grid fill off) and the
-    most (up to one vector per lane, GNEXT_SMALL_FILL=64)."""
+    most (up to one vector per lane, GNEXT_SMALL_FILL=64); registers for 8 vectors per lane in every plan;
+    no CTA-per-group plan, or one for the backward only."""
     if knob:
         _set_knob(monkeypatch, *knob.split("="))
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
@@ -694,8 +701,8 @@ def test_gpu_small_groups_large_mean(offset, scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [((64, 512, 1, 1), 32, CL), ((64, 64, 4, 4), 1, None), ((32, 256, 7, 7), 32, None)],
-                         ids=_ids)
+@pytest.mark.parametrize("case", [((64, 512, 1, 1), 32, CL), ((64, 64, 4, 4), 1, None), ((32, 256, 7, 7), 32, None),
+                                  ((40, 640, 7, 7), 10, None)], ids=_ids)
 def test_gpu_small_groups_one_launch(case):
     """The small-group forward is one kernel (GroupNorm and GroupNorm+SiLU with a residual), no memset."""
     shape, G, fmt = case
@@ -713,7 +720,8 @@ def test_gpu_small_groups_one_launch(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [((64, 512, 1, 1), 32, CL), ((64, 64, 4, 4), 1, None), ((32, 256, 7, 7), 32, None),
-                                  ((48, 60, 5, 4), 15, None), ((256, 1024, 1, 1), 32, None)], ids=_ids)
+                                  ((48, 60, 5, 4), 15, None), ((256, 1024, 1, 1), 32, None),
+                                  ((40, 640, 7, 7), 10, None), ((48, 512, 8, 8), 8, None)], ids=_ids)
 def test_gpu_small_groups_backward(case):
     """The small-group backward: two kernels (dx and the per-channel sums, then dgamma/dbeta), no memset, for
     GroupNorm and GroupNorm+SiLU; bitwise the same from run to run; every output mask against float64."""

@@ -386,7 +386,7 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   return narrow > 0 ? pays(plan(narrow)) : std::nullopt;
 }
 
-// Small-group forward plan (group_norm_small.cu), or nullopt: NCHW memory (or HxW == 1), no input prologue,
+// Small-group forward or backward plan (group_norm_small.cu), or nullopt: NCHW memory (or HxW == 1), no input prologue,
 // groups of D*HxW elements in at most kSmallMaxVecs 16-byte vectors (aligned), held in registers by the
 // fewest lanes (a power of two) that take at most 4 vectors each (8 at 32 lanes), more while the grid is
 // small (kSmallFillCtas below), at least 64 groups.
@@ -410,17 +410,47 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // 4.7 / 10.1 -> 3.6 / 7.0; 64x512x4x4 fp16 3.8 / 8.0 -> 3.5 / 6.0, SiLU backward 23.9 -> 8.3; 32x256x7x7 bf16
 // 7.5 / 9.5 -> 5.9 / 7.4, SiLU backward 27.4 -> 13.3; 1, 2 and 4 CTAs per SM alike; shapes whose grid was
 // already full (1024x512x4x4, 256x256x7x7, 16x4096x4x4) unchanged. GNEXT_SMALL_FILL=n: n CTAs per SM, 0 off.
+// Groups of more than kSmallMaxVecs vectors, up to 8 per thread of a CTA (32 KB of fp16/bf16, 8 KB elements of
+// fp32): a CTA per group (lanes_log2 = kSmallCtaLog2), its sums through shared memory, where there are at least
+// kSmallCtaMinSms groups per SM (ResNet-GN maps at batch 32; the SD UNets' N = 2 maps have 64 groups). It
+// replaces the two-pass backward (four kernels; scalar where HxW is not a multiple of the vector) and the
+// one-pass forward. H100 kernel µs forward / backward, GNEXT_SMALL_CTA=0 -> 2 (profile_kernels.py --summary,
+// bench_results/small_cta_h100.log, 2026-11-24): 32x2048x7x7 bf16 20.5 / 109.4 -> 11.5 / 15.1 (GroupNorm+SiLU
+// 23.0 / 114.9 -> 13.1 / 22.5); 32x1024x14x14 fp16 21.6 / 71.4 -> 15.5 / 28.7 (SiLU backward 81.1 -> 54.1);
+// 32x2048x8x8 bf16 13.6 / 43.1 -> 6.8 / 10.4; 16x2048x7x7 fp32 12.0 / 59.6 -> 7.5 / 9.6; 32x256x28x28 bf16
+// 15.5 / 23.6 -> 9.8 / 15.4; 32x512x28x28 bf16 (8 vectors per thread) 29.1 / 48.1 -> 28.5 / 36.6, its SiLU
+// backward 63.1 -> 64.3. GNEXT_SMALL_CTA=0: never; 1: backward only; 2: forward and backward.
 constexpr int64_t kSmallFillCtas = 2;
 constexpr int64_t kSmallMinGroups = 64;
+constexpr int kSmallCtaDefault = 2;
+constexpr int64_t kSmallCtaMinSms = 2;
 inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType t, bool prologue,
                                                    std::initializer_list<const void*> ptrs, bool bwd = false) {
   if (env_int("GNEXT_SMALL", 1) == 0 || prologue || p.N * p.G < kSmallMinGroups) return std::nullopt;
   const int64_t L = p.D * p.HxW;
   const int V = vector_width(t, L, ptrs);
-  if (V == 1 || L / V > kSmallMaxVecs) return std::nullopt;
+  if (V == 1) return std::nullopt;
   const int64_t nvec = L / V;
   SmallGeometry g{};
   g.vec = V;
+  if (nvec > kSmallMaxVecs) {  // a CTA per group (kSmallCtaMinSms above)
+    const int cta = env_int("GNEXT_SMALL_CTA", kSmallCtaDefault);
+    const bool fits = nvec <= int64_t{kSmallThreads} * (kSmallMaxVecs / 32) &&
+                      p.N * p.G >= kSmallCtaMinSms * device_props().multiProcessorCount;
+    if (!fits || cta == 0 || (cta == 1 && !bwd)) return std::nullopt;
+    g.lanes_log2 = kSmallCtaLog2;
+    g.k = static_cast<int>(ceil_div(nvec, int64_t{kSmallThreads}));
+    g.kreg = g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
+    g.grid = static_cast<unsigned>(p.N * p.G);
+    g.smem = 0;
+    if (bwd) {
+      const bool aligned = p.HxW % V == 0;
+      const int64_t pieces = aligned ? nvec : L, per_channel = aligned ? p.HxW / V : p.HxW;
+      if (per_channel > 1) g.smem = static_cast<size_t>(pieces * 8);
+      if (g.smem > kSmallMaxSmem) return std::nullopt;
+    }
+    return g;
+  }
   g.lanes_log2 = 0;
   while (g.lanes_log2 < 5 && (int64_t{4} << g.lanes_log2) < nvec) ++g.lanes_log2;
   auto grid_of = [&](int lanes_log2) {

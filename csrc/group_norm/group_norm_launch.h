@@ -145,7 +145,8 @@ cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeome
                                  cudaStream_t stream);
 
 // Small groups (group_norm_small.cu): NCHW groups of at most kSmallMaxVecs 16-byte vectors, each held in
-// registers by 2^lanes_log2 lanes of a warp (k vectors per lane); the group's sums by warp shuffles.
+// registers by 2^lanes_log2 lanes of a warp (k vectors per lane); the group's sums by warp shuffles. Groups of
+// up to kSmallThreads * 8 vectors (lanes_log2 == kSmallCtaLog2): a CTA per group, sums through shared memory.
 // Forward: one launch of `grid` CTAs of kSmallThreads; takes OnePassArgs' x, out, gamma, beta, wt, mean,
 // rstd, eps and pw (output activation and residual; no prologue).
 // Backward: x and dy in registers, dx (out; null: none) and dsum (null: none) in one launch (then
@@ -154,9 +155,10 @@ cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeome
 constexpr int kSmallThreads = 256;
 constexpr int kSmallMaxVecs = 256;           // 32 lanes x 8 vectors: 4 KB of x per group
 constexpr size_t kSmallMaxSmem = 100 * 1024;  // backward pieces per CTA (2 CTAs per SM)
+constexpr int kSmallCtaLog2 = 8;              // lanes_log2 of a plan with a CTA per group (256 lanes)
 struct SmallGeometry {
   int vec;         // elements per 16-byte vector
-  int lanes_log2;  // lanes per group: 1 .. 32
+  int lanes_log2;  // lanes per group: 1 .. 32, or kSmallCtaLog2: the CTA
   int k;           // vectors per lane, <= kSmallMaxVecs / 32
   int kreg;        // vector registers per lane (the kernels' K): k rounded up to 1, 2, 4 or 8
   unsigned grid;

@@ -1,12 +1,13 @@
 // Small-group GroupNorm (NCHW groups of at most kSmallMaxVecs 16-byte vectors, e.g. HxW = 1, 4x4 maps, odd
 // small C/G): `lanes` lanes of a warp hold one group in registers, k vectors each (vector v of a group on
-// lane v % lanes). Geometry: SmallGeometry (group_norm_launch.h), chosen by small_geometry
-// (group_norm_heuristics.h).
-// Forward, one launch, no shared memory, no scratch, no inter-CTA waits:
+// lane v % lanes). Groups of up to 8 vectors per thread of a CTA (ResNet-GN's 7x7 and 14x14 maps): the same
+// kernels with the CTA's 256 threads as the lanes (Cta), the sums through shared memory (group_sum).
+// Geometry: SmallGeometry (group_norm_launch.h), chosen by small_geometry (group_norm_heuristics.h).
+// Forward, one launch, no shared memory (Cta: 64 bytes), no scratch, no inter-CTA waits:
 //   mean = x0 + sum(x - x0) / L (x0: the group's first element),  var = sum((x - mean)^2) / L  (two passes
 //   over the registers),  rstd = 1/sqrt(var + eps),
 //   out = act((x - mean) * rstd * gamma[c] + beta[c]) (+ residual)
-// with warp shuffles only.
+// with warp shuffles (and for Cta one exchange through shared memory per sum).
 // Backward (Wu & He 2018; the formula of the other backward kernels, finalize_backward_kernel): x and dy in
 // registers, dy' = dy * act'(GroupNorm(x)) (dy' = dy without an output activation), per channel
 //   s1[c] = sum dy' (x - mean),  s2[c] = sum dy'  (to dsum for dgamma/dbeta, launch_gamma_beta_backward)
@@ -21,15 +22,44 @@ namespace gn {
 
 namespace {
 
-template <typename T, int V, int A, int K>
+// Lanes per group of a plan that gives each group a whole CTA (SmallGeometry::lanes_log2 == kSmallCtaLog2).
+constexpr int kSmallCtaLanes = 1 << kSmallCtaLog2;
+static_assert(kSmallCtaLanes == kSmallThreads, "a CTA-wide group spans the CTA");
+
+// The sum over the lanes that hold one group: xor shuffles over `lanes` lanes of a warp (every lane takes part;
+// offsets below `lanes` stay inside the group), or with Cta over the whole CTA: the warps' sums through shared
+// memory `red`, added in warp order by every thread (the same value in every thread; deterministic).
+template <bool Cta>
+__device__ __forceinline__ float2 group_sum(float2 v, int lanes, float2* red) {
+  for (int m = 1; m < (Cta ? 32 : lanes); m <<= 1) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, m);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, m);
+  }
+  if constexpr (Cta) {
+    __syncthreads();  // every thread has read red's previous contents
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int w = 1; w < kSmallThreads / 32; ++w) {
+      v.x += red[w].x;
+      v.y += red[w].y;
+    }
+  }
+  return v;
+}
+
+template <typename T, int V, int A, int K, bool Cta>
 __global__ void __launch_bounds__(kSmallThreads)
     small_forward_kernel(OnePassArgs a, int64_t groups, int G, int D, uint32_t L, int lanes_log2, int k,
                          FastDivmod hw) {
   pdl_wait();  // launch_dependent: the previous kernel in the stream has completed
-  const int lanes = 1 << lanes_log2;
-  const int lane = threadIdx.x & 31, sl = lane & (lanes - 1);
+  __shared__ float2 red[Cta ? kSmallThreads / 32 : 1];
+  const int lanes = Cta ? kSmallCtaLanes : 1 << lanes_log2;
+  const int lane = threadIdx.x & 31, sl = Cta ? static_cast<int>(threadIdx.x) : lane & (lanes - 1);
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t u = warp * (32 >> lanes_log2) + (lane >> lanes_log2);  // this lane's group
+  // this lane's group
+  const int64_t u = Cta ? static_cast<int64_t>(blockIdx.x) : warp * (32 >> lanes_log2) + (lane >> lanes_log2);
   const bool active = u < groups;
   const uint32_t nvec = L / V;
   const T* __restrict__ xg = static_cast<const T*>(a.x) + (active ? u : 0) * L;
@@ -46,7 +76,7 @@ __global__ void __launch_bounds__(kSmallThreads)
   }
   // The sum of x - x0, x0 = the group's first element: near a large mean a plain float sum rounds every
   // partial sum at ulp(sum); shifted, the terms and the sums are of the spread's size.
-  const float x0 = __shfl_sync(0xffffffffu, xv[0][0], lane & ~(lanes - 1));
+  const float x0 = Cta ? to_float(xg[0]) : __shfl_sync(0xffffffffu, xv[0][0], lane & ~(lanes - 1));
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < K; ++i) {
@@ -55,8 +85,7 @@ __global__ void __launch_bounds__(kSmallThreads)
       for (int e = 0; e < V; ++e) s += xv[i][e] - x0;
     }
   }
-  // Sums over the group's lanes (xor offsets below `lanes` stay inside the group); every lane takes part.
-  for (int m = 1; m < lanes; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+  s = group_sum<Cta>(make_float2(s, 0.f), lanes, red).x;
   const float mean = x0 + s / static_cast<float>(L);
   float q = 0.f;
 #pragma unroll
@@ -69,7 +98,7 @@ __global__ void __launch_bounds__(kSmallThreads)
       }
     }
   }
-  for (int m = 1; m < lanes; m <<= 1) q += __shfl_xor_sync(0xffffffffu, q, m);
+  q = group_sum<Cta>(make_float2(q, 0.f), lanes, red).x;
   const float rstd = rsqrtf(q / static_cast<float>(L) + a.eps);
   if (!active) return;
   if (sl == 0) {
@@ -98,7 +127,7 @@ __global__ void __launch_bounds__(kSmallThreads)
 // Backward: see the top of the file. Pieces of (dy' (x - mean), dy'): one per vector when HxW is a multiple
 // of V (a vector lies in one channel), one per element otherwise; P per group in shared memory, summed per
 // channel, except where a piece is a whole channel (HxW == V, or HxW == 1): then straight from registers.
-template <typename T, int V, int A, int K>
+template <typename T, int V, int A, int K, bool Cta>
 __global__ void __launch_bounds__(kSmallThreads)
     small_backward_kernel(OnePassArgs a, int64_t groups, int G, int D, uint32_t L, int lanes_log2, int k,
                           uint32_t HxW, FastDivmod hw) {
@@ -108,10 +137,12 @@ __global__ void __launch_bounds__(kSmallThreads)
   pdl_wait();  // launch_dependent: the previous kernel in the stream has completed
   using Raw = typename Pack<T, V>::Raw;
   extern __shared__ float2 pieces[];
-  const int lanes = 1 << lanes_log2;
-  const int lane = threadIdx.x & 31, sl = lane & (lanes - 1), gw = lane >> lanes_log2;
+  __shared__ float2 red[Cta ? kSmallThreads / 32 : 1];
+  const int lanes = Cta ? kSmallCtaLanes : 1 << lanes_log2;
+  const int lane = threadIdx.x & 31;
+  const int sl = Cta ? static_cast<int>(threadIdx.x) : lane & (lanes - 1), gw = Cta ? 0 : lane >> lanes_log2;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t u = warp * (32 >> lanes_log2) + gw;  // this lane's group
+  const int64_t u = Cta ? static_cast<int64_t>(blockIdx.x) : warp * (32 >> lanes_log2) + gw;  // this lane's group
   const bool active = u < groups;
   const uint32_t nvec = L / V;
   const bool aligned = HxW % V == 0;
@@ -120,7 +151,7 @@ __global__ void __launch_bounds__(kSmallThreads)
   const int64_t base = (active ? u : 0) * L;
   const float mu = active ? a.mean[u] : 0.f, rs = active ? a.rstd[u] : 0.f;
   const int64_t c0 = (active ? u % G : 0) * D;  // the group's first channel
-  float2* const sp = pieces + (static_cast<int64_t>(threadIdx.x >> 5) * (32 >> lanes_log2) + gw) * P;
+  float2* const sp = Cta ? pieces : pieces + (static_cast<int64_t>(threadIdx.x >> 5) * (32 >> lanes_log2) + gw) * P;
   float2* const ds = a.dsum != nullptr && active ? reinterpret_cast<float2*>(a.dsum) + u * D : nullptr;
   float2 acc = make_float2(0.f, 0.f);  // sum_c gamma[c] (s1[c], s2[c]) over this lane's channels
   auto channel_sum = [&](int64_t d, float2 s) {
@@ -199,7 +230,11 @@ __global__ void __launch_bounds__(kSmallThreads)
     }
   }
   if (!direct) {
-    __syncwarp();
+    if constexpr (Cta) {
+      __syncthreads();
+    } else {
+      __syncwarp();
+    }
     // Channel sums (lane sl: channels sl, sl + lanes, ...; each in order), to dsum and acc.
     for (int d = sl; d < D; d += lanes) {
       float2 s = make_float2(0.f, 0.f);
@@ -211,10 +246,7 @@ __global__ void __launch_bounds__(kSmallThreads)
       channel_sum(d, s);
     }
   }
-  for (int m = 1; m < lanes; m <<= 1) {
-    acc.x += __shfl_xor_sync(0xffffffffu, acc.x, m);
-    acc.y += __shfl_xor_sync(0xffffffffu, acc.y, m);
-  }
+  acc = group_sum<Cta>(acc, lanes, red);
   if (!active || a.out == nullptr) return;
   const float inv_l = 1.f / static_cast<float>(L);
   const float c2 = -rs * rs * rs * acc.x * inv_l, c3 = -rs * acc.y * inv_l;
@@ -248,7 +280,7 @@ __global__ void __launch_bounds__(kSmallThreads)
 template <typename T, int A, int K>
 struct SmallBwdTag {};
 
-// Both launchers: checks the plan, then f(T{}, std::integral_constant<int, A>{}, std::integral_constant<int, K>{})
+// Both launchers: checks the plan, then f(T{}, integral_constant<int, A>, integral_constant<int, K>, bool_constant<Cta>)
 // with V = 16 / sizeof(T) and K = g.kreg, the plan's vectors per lane rounded up to 1, 2, 4 or 8: the
 // registers that hold a lane's vectors are sized by K, so a plan of few vectors per lane keeps more CTAs
 // resident (with K = 8 for every plan, every small kernel took 126-128 registers). H100 kernel µs forward /
@@ -258,17 +290,23 @@ struct SmallBwdTag {};
 template <typename F>
 cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& a, F&& f) {
   static_assert(kSmallMaxVecs / 32 == 8, "K dispatch below covers 1..8 vectors per lane");
+  const bool cta = g.lanes_log2 == kSmallCtaLog2;
   if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > g.kreg || g.kreg > kSmallMaxVecs / 32 ||
-      g.lanes_log2 < 0 || g.lanes_log2 > 5 || g.smem > kSmallMaxSmem)
+      g.lanes_log2 < 0 || (g.lanes_log2 > 5 && !cta) || (cta && g.kreg < 2) || g.smem > kSmallMaxSmem)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     if (g.vec != static_cast<int>(16 / sizeof(tt))) return cudaErrorInvalidValue;
     auto go = [&](auto aa) -> cudaError_t {
-      switch (g.kreg) {
-        case 1: return f(tt, aa, std::integral_constant<int, 1>{});
-        case 2: return f(tt, aa, std::integral_constant<int, 2>{});
-        case 4: return f(tt, aa, std::integral_constant<int, 4>{});
-        case 8: return f(tt, aa, std::integral_constant<int, 8>{});
+      using Warp = std::false_type;
+      using Cta = std::true_type;
+      switch (g.kreg * 2 + cta) {  // a CTA-wide group has more than 256 vectors: K >= 2
+        case 2: return f(tt, aa, std::integral_constant<int, 1>{}, Warp{});
+        case 4: return f(tt, aa, std::integral_constant<int, 2>{}, Warp{});
+        case 8: return f(tt, aa, std::integral_constant<int, 4>{}, Warp{});
+        case 16: return f(tt, aa, std::integral_constant<int, 8>{}, Warp{});
+        case 5: return f(tt, aa, std::integral_constant<int, 2>{}, Cta{});
+        case 9: return f(tt, aa, std::integral_constant<int, 4>{}, Cta{});
+        case 17: return f(tt, aa, std::integral_constant<int, 8>{}, Cta{});
         default: return cudaErrorInvalidValue;
       }
     };
@@ -280,25 +318,29 @@ cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& 
 
 cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream) {
-  return with_small(t, g, a, [&](auto tt, auto aa, auto kk) -> cudaError_t {
+  return with_small(t, g, a, [&](auto tt, auto aa, auto kk, auto cc) -> cudaError_t {
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T), A = decltype(aa)::value, K = decltype(kk)::value;
-    return launch_dependent(small_forward_kernel<T, V, A, K>, dim3(g.grid), dim3(kSmallThreads), 0, stream, a, p.N * p.G,
-                            static_cast<int>(p.G), static_cast<int>(p.D), static_cast<uint32_t>(p.D * p.HxW),
-                            g.lanes_log2, g.k, FastDivmod(static_cast<uint32_t>(p.HxW)));
+    constexpr bool Cta = decltype(cc)::value;
+    return launch_dependent(small_forward_kernel<T, V, A, K, Cta>, dim3(g.grid), dim3(kSmallThreads), 0, stream, a,
+                            p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D),
+                            static_cast<uint32_t>(p.D * p.HxW), g.lanes_log2, g.k,
+                            FastDivmod(static_cast<uint32_t>(p.HxW)));
   });
 }
 
 cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                   cudaStream_t stream) {
-  return with_small(t, g, a, [&](auto tt, auto aa, auto kk) -> cudaError_t {
+  return with_small(t, g, a, [&](auto tt, auto aa, auto kk, auto cc) -> cudaError_t {
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T), A = decltype(aa)::value, K = decltype(kk)::value;
+    constexpr bool Cta = decltype(cc)::value;
     if (g.smem > 48 * 1024) {
-      const cudaError_t e = raise_smem_limit<SmallBwdTag<T, A, K>>(small_backward_kernel<T, V, A, K>, g.smem);
+      const cudaError_t e =
+          raise_smem_limit<SmallBwdTag<T, A, K * 2 + Cta>>(small_backward_kernel<T, V, A, K, Cta>, g.smem);
       if (e != cudaSuccess) return e;
     }
-    return launch_dependent(small_backward_kernel<T, V, A, K>, dim3(g.grid), dim3(kSmallThreads), g.smem, stream,
+    return launch_dependent(small_backward_kernel<T, V, A, K, Cta>, dim3(g.grid), dim3(kSmallThreads), g.smem, stream,
                             a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D),
                             static_cast<uint32_t>(p.D * p.HxW), g.lanes_log2, g.k, static_cast<uint32_t>(p.HxW),
                             FastDivmod(static_cast<uint32_t>(p.HxW)));
