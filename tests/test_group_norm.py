@@ -668,6 +668,8 @@ SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is tak
     ((8, 100, 10, 10), 10, None),  # 1000 elements
     ((9, 40, 8), 8, None),  # 3-D
     ((4, 64, 2, 4), 64, None),  # G = C
+    ((64, 64, 3), 8, None),  # HxW = 3 < V: backward pieces per element
+    ((32, 64, 2, 3), 16, None),  # HxW = 6: per element (fp16/bf16), vectors straddling channels (fp32)
     ((2, 48, 7, 7), 3, None),  # 6 groups: below the rule, the one-pass kernel
     # A CTA per group (more than 256 vectors, at least 2 groups per SM on GPUs of up to 192 SMs):
     ((40, 640, 7, 7), 10, None),  # HxW = 49, vectors cross channels: bf16 392 vectors (2 per thread), fp32 784

@@ -111,6 +111,8 @@ def test_small_group_backward_plans(act, knobs, monkeypatch):
         _check("cuda", dtype, CL, (64, 64, 1, 1), 8, act, with_res=False, seed=6)
         _check("cuda", dtype, None, (12, 48, 7, 7), 6, act, with_res=False, seed=7)  # vectors cross channels
         _check("cuda", dtype, None, (9, 40, 8), 8, act, with_res=False, seed=9)
+        _check("cuda", dtype, None, (64, 64, 3), 8, act, with_res=False, seed=16)  # HxW < V
+        _check("cuda", dtype, None, (32, 64, 2, 3), 16, act, with_res=True, seed=17)
 
 
 @pytest.mark.gpu

@@ -400,8 +400,8 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // Backward (bwd; H100 backward kernel µs GNEXT_SMALL=0 -> 1, bench_results/small_bwd_h100.log, 2026-11-24):
 // 1024x512x4x4 fp16 367.6 -> 42.5, 256x1024x1x1 bf16 64.3 -> 21.3, 256x256x7x7 fp32 83.6 -> 27.2, 64x512x4x4 fp16
 // 26.3 -> 8.0, 32x256x7x7 bf16 16.5 -> 9.5, 64x512x1x1 fp16 CL 17.8 -> 10.2, 48x60x5x4 fp16 12.1 -> 8.2.
-// The same plan, and the per-channel pieces of a CTA's groups (a float2 per vector when HxW is a
-// multiple of V, per element otherwise; none when a piece is a whole channel) must fit kSmallMaxSmem.
+// The same plan, and the per-channel pieces of a CTA's groups (SmallPieces; none when a piece is a whole
+// channel) must fit kSmallMaxSmem.
 // Grid fill: with only the rule above, HxW = 1 and 4x4 maps ran on a few dozen CTAs (256x1024x1x1: 32 CTAs of
 // 8 warps, one group of 4 vectors per lane) and were latency-bound; lanes are added (down to one vector each)
 // until the grid has kSmallFillCtas CTAs per SM. H100 kernel µs forward / backward, GroupNorm and
@@ -415,11 +415,11 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // kSmallCtaMinSms groups per SM (ResNet-GN maps at batch 32; the SD UNets' N = 2 maps have 64 groups). It
 // replaces the two-pass backward (four kernels; scalar where HxW is not a multiple of the vector) and the
 // one-pass forward. H100 kernel µs forward / backward, GNEXT_SMALL_CTA=0 -> 2 (profile_kernels.py --summary,
-// bench_results/small_cta_h100.log, 2026-11-24): 32x2048x7x7 bf16 20.5 / 109.4 -> 11.5 / 15.1 (GroupNorm+SiLU
-// 23.0 / 114.9 -> 13.1 / 22.5); 32x1024x14x14 fp16 21.6 / 71.4 -> 15.5 / 28.7 (SiLU backward 81.1 -> 54.1);
-// 32x2048x8x8 bf16 13.6 / 43.1 -> 6.8 / 10.4; 16x2048x7x7 fp32 12.0 / 59.6 -> 7.5 / 9.6; 32x256x28x28 bf16
-// 15.5 / 23.6 -> 9.8 / 15.4; 32x512x28x28 bf16 (8 vectors per thread) 29.1 / 48.1 -> 28.5 / 36.6, its SiLU
-// backward 63.1 -> 64.3. GNEXT_SMALL_CTA=0: never; 1: backward only; 2: forward and backward.
+// bench_results/small_pieces2_h100.log, 2026-11-24): 32x2048x7x7 bf16 20.7 / 109.2 -> 11.6 / 14.3
+// (GroupNorm+SiLU 23.0 / 115.1 -> 13.2 / 18.1); 32x1024x14x14 fp16 21.8 / 71.2 -> 15.6 / 20.6 (SiLU 25.4 / 81.0
+// -> 18.7 / 34.2); 32x2048x8x8 bf16 13.6 / 43.1 -> 6.9 / 10.8; 16x2048x7x7 fp32 12.0 / 59.7 -> 7.6 / 10.1;
+// 32x256x28x28 bf16 15.4 / 23.4 -> 9.8 / 16.0; 32x512x28x28 bf16 (8 vectors per thread) 29.2 / 47.8 -> 28.6 /
+// 36.5 (SiLU backward 62.6 -> 59.4). GNEXT_SMALL_CTA=0: never; 1: backward only; 2: forward and backward.
 constexpr int64_t kSmallFillCtas = 2;
 constexpr int64_t kSmallMinGroups = 64;
 constexpr int kSmallCtaDefault = 2;
@@ -444,9 +444,8 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
     g.grid = static_cast<unsigned>(p.N * p.G);
     g.smem = 0;
     if (bwd) {
-      const bool aligned = p.HxW % V == 0;
-      const int64_t pieces = aligned ? nvec : L, per_channel = aligned ? p.HxW / V : p.HxW;
-      if (per_channel > 1) g.smem = static_cast<size_t>(pieces * 8);
+      const SmallPieces pc(static_cast<uint32_t>(p.HxW), static_cast<uint32_t>(V));
+      if (!pc.direct) g.smem = static_cast<size_t>(p.D * pc.slots * 8);
       if (g.smem > kSmallMaxSmem) return std::nullopt;
     }
     return g;
@@ -466,10 +465,9 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   // registers per lane for every plan, as before 2026-11-24.
   g.kreg = env_int("GNEXT_SMALL_KREG", 0) == 8 ? 8 : g.k <= 1 ? 1 : g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
   if (bwd) {
-    const bool aligned = p.HxW % V == 0;
-    const int64_t pieces = aligned ? nvec : L, per_channel = aligned ? p.HxW / V : p.HxW;
-    if (per_channel > 1)
-      g.smem = static_cast<size_t>((kSmallThreads / 32) * (int64_t{32} >> g.lanes_log2) * pieces * 8);
+    const SmallPieces pc(static_cast<uint32_t>(p.HxW), static_cast<uint32_t>(V));
+    if (!pc.direct)
+      g.smem = static_cast<size_t>((kSmallThreads / 32) * (int64_t{32} >> g.lanes_log2) * p.D * pc.slots * 8);
     if (g.smem > kSmallMaxSmem) return std::nullopt;
   }
   return g;

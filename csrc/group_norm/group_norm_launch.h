@@ -164,6 +164,27 @@ struct SmallGeometry {
   unsigned grid;
   size_t smem;     // backward: dynamic shared memory bytes; forward: 0
 };
+// The small-group backward's pieces of (dy' (x - mean), dy') in shared memory, `slots` per channel (channel d's
+// at d * slots): kVector (HxW a multiple of V): one per vector; kStraddle (HxW > V, not a multiple): one per
+// vector part, a vector lying in one channel or straddling two (the first of the next channel's pieces);
+// kElement (HxW < V, not a divisor): one per element. direct: a piece is a whole channel (HxW == V or
+// HxW == 1), summed from registers, no shared memory.
+struct SmallPieces {
+  enum Mode { kVector, kStraddle, kElement };
+  Mode mode;
+  uint32_t hxw, vec, slots;
+  bool direct;
+  __host__ __device__ SmallPieces(uint32_t HxW, uint32_t V)
+      : mode(HxW % V == 0 ? kVector : HxW > V ? kStraddle : kElement),
+        hxw(HxW),
+        vec(V),
+        slots(mode == kVector ? HxW / V : mode == kStraddle ? HxW / V + 2 : HxW),
+        direct(slots == 1) {}
+  // Pieces of channel d (of its group).
+  __host__ __device__ uint32_t count(uint32_t d) const {
+    return mode == kStraddle ? ((d + 1) * hxw - 1) / vec - d * hxw / vec + 1 : slots;
+  }
+};
 cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream);
 cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,

@@ -124,9 +124,9 @@ __global__ void __launch_bounds__(kSmallThreads)
   }
 }
 
-// Backward: see the top of the file. Pieces of (dy' (x - mean), dy'): one per vector when HxW is a multiple
-// of V (a vector lies in one channel), one per element otherwise; P per group in shared memory, summed per
-// channel, except where a piece is a whole channel (HxW == V, or HxW == 1): then straight from registers.
+// Backward: see the top of the file. Pieces of (dy' (x - mean), dy') in shared memory as SmallPieces
+// (group_norm_launch.h) lays them out, summed per channel, except where a piece is a whole channel (HxW == V,
+// or HxW == 1): then straight from registers.
 template <typename T, int V, int A, int K, bool Cta>
 __global__ void __launch_bounds__(kSmallThreads)
     small_backward_kernel(OnePassArgs a, int64_t groups, int G, int D, uint32_t L, int lanes_log2, int k,
@@ -145,13 +145,12 @@ __global__ void __launch_bounds__(kSmallThreads)
   const int64_t u = Cta ? static_cast<int64_t>(blockIdx.x) : warp * (32 >> lanes_log2) + gw;  // this lane's group
   const bool active = u < groups;
   const uint32_t nvec = L / V;
-  const bool aligned = HxW % V == 0;
-  const uint32_t P = aligned ? nvec : L, ppc = aligned ? HxW / V : HxW;  // pieces per group / per channel
-  const bool direct = ppc == 1;                                            // piece j is channel j
+  const SmallPieces pc(HxW, static_cast<uint32_t>(V));
   const int64_t base = (active ? u : 0) * L;
   const float mu = active ? a.mean[u] : 0.f, rs = active ? a.rstd[u] : 0.f;
   const int64_t c0 = (active ? u % G : 0) * D;  // the group's first channel
-  float2* const sp = Cta ? pieces : pieces + (static_cast<int64_t>(threadIdx.x >> 5) * (32 >> lanes_log2) + gw) * P;
+  float2* const sp =
+      Cta ? pieces : pieces + (static_cast<int64_t>(threadIdx.x >> 5) * (32 >> lanes_log2) + gw) * D * pc.slots;
   float2* const ds = a.dsum != nullptr && active ? reinterpret_cast<float2*>(a.dsum) + u * D : nullptr;
   float2 acc = make_float2(0.f, 0.f);  // sum_c gamma[c] (s1[c], s2[c]) over this lane's channels
   auto channel_sum = [&](int64_t d, float2 s) {
@@ -191,8 +190,10 @@ __global__ void __launch_bounds__(kSmallThreads)
   // kept (bench_results/small_keep_kreg_h100.log, 2026-11-24): GroupNorm+SiLU 16x4096x4x4 bf16 14.7 -> 11.7 (GN
   // 9.3), 32x256x7x7 bf16 11.4 -> 9.4 (7.2), 256x256x7x7 fp32 35.9 -> 30.8 (23.4), 1024x512x4x4 fp16 40.1 ->
   // 38.9 (33.3), even where the registers this takes (216 for bf16 at K = 8) leave one CTA per SM.
-  constexpr bool kAct = A != kActIdentity;
-  float dp[kAct ? K : 1][V];
+  // A CTA-wide group of 8 vectors per thread computes it twice: kept, its registers (210 for bf16) left one CTA
+  // per SM: GroupNorm+SiLU 32x512x28x28 bf16 backward 77.0 µs (GroupNorm 39.5).
+  constexpr bool kKeep = A != kActIdentity && !(Cta && K == 8);
+  float dp[kKeep ? K : 1][V];
 #pragma unroll
   for (int i = 0; i < K; ++i) {
     const uint32_t v = sl + i * lanes;
@@ -200,28 +201,51 @@ __global__ void __launch_bounds__(kSmallThreads)
     float xv[V], dv[V];
     unpack(xr[i], xv);
     unpack(dr[i], dv);
-    if (aligned) {
+    if (pc.mode == SmallPieces::kVector) {  // the vector lies in one channel
       const float2 kc = A != kActIdentity ? chan(c0 + hw.div(v * V)) : float2{};
       float2 s = make_float2(0.f, 0.f);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float d = dyp(dv[e], xv[e] - mu, kc);
-        if constexpr (kAct) dp[i][e] = d;
+        if constexpr (kKeep) dp[i][e] = d;
         s.x = fmaf(d, xv[e] - mu, s.x);
         s.y += d;
       }
-      if (direct) {
+      if (pc.direct) {
         channel_sum(v, s);
       } else {
         sp[v] = s;
       }
-    } else {
+    } else if (pc.mode == SmallPieces::kStraddle) {
+      // b elements in channel cf, the rest (if any) in cf + 1, whose first vector this is.
+      const uint32_t cf = hw.div(v * V);
+      const uint32_t b = min(uint32_t{V}, (cf + 1) * HxW - v * V);
+      const float2 kf = A != kActIdentity ? chan(c0 + cf) : float2{};
+      const float2 kl = A != kActIdentity && b < V ? chan(c0 + cf + 1) : kf;
+      float2 sf = make_float2(0.f, 0.f), sn = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const bool first = e < static_cast<int>(b);
+        const float xm = xv[e] - mu;
+        const float d = dyp(dv[e], xm, first ? kf : kl);
+        if constexpr (kKeep) dp[i][e] = d;
+        if (first) {
+          sf.x = fmaf(d, xm, sf.x);
+          sf.y += d;
+        } else {
+          sn.x = fmaf(d, xm, sn.x);
+          sn.y += d;
+        }
+      }
+      sp[cf * pc.slots + (v - cf * HxW / V)] = sf;
+      if (b < V) sp[(cf + 1) * pc.slots] = sn;
+    } else {  // HxW < V, not a divisor of V: a piece per element
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float d = A != kActIdentity ? dyp(dv[e], xv[e] - mu, chan(c0 + hw.div(v * V + e))) : dv[e];
-        if constexpr (kAct) dp[i][e] = d;
+        if constexpr (kKeep) dp[i][e] = d;
         const float2 s = make_float2(d * (xv[e] - mu), d);
-        if (direct) {
+        if (pc.direct) {
           channel_sum(v * V + e, s);
         } else {
           sp[v * V + e] = s;
@@ -229,21 +253,33 @@ __global__ void __launch_bounds__(kSmallThreads)
       }
     }
   }
-  if (!direct) {
+  if (!pc.direct) {
     if constexpr (Cta) {
       __syncthreads();
     } else {
       __syncwarp();
     }
-    // Channel sums (lane sl: channels sl, sl + lanes, ...; each in order), to dsum and acc.
-    for (int d = sl; d < D; d += lanes) {
+    // Channel sums, to dsum and acc: tpc lanes per channel (a power of two, up to lanes / D), each adding every
+    // tpc-th of the channel's pieces in order, then xor shuffles over the tpc lanes (deterministic).
+    int tpc = 1;
+    while (tpc < 32 && 2 * tpc * D <= lanes) tpc *= 2;
+    const int r = sl & (tpc - 1);
+    for (int d0 = 0; d0 < D; d0 += lanes / tpc) {
+      const int d = d0 + sl / tpc;
       float2 s = make_float2(0.f, 0.f);
-      for (uint32_t j = 0; j < ppc; ++j) {
-        const float2 q = sp[d * ppc + j];
-        s.x += q.x;
-        s.y += q.y;
+      if (active && d < D) {
+        const uint32_t n = pc.count(d);
+        for (uint32_t j = r; j < n; j += tpc) {
+          const float2 q = sp[d * pc.slots + j];
+          s.x += q.x;
+          s.y += q.y;
+        }
       }
-      channel_sum(d, s);
+      for (int m = 1; m < tpc; m <<= 1) {
+        s.x += __shfl_xor_sync(0xffffffffu, s.x, m);
+        s.y += __shfl_xor_sync(0xffffffffu, s.y, m);
+      }
+      if (r == 0 && active && d < D) channel_sum(d, s);
     }
   }
   acc = group_sum<Cta>(acc, lanes, red);
@@ -257,20 +293,29 @@ __global__ void __launch_bounds__(kSmallThreads)
     if (i >= k || v >= nvec) continue;
     float xv[V], dv[V];
     unpack(xr[i], xv);
-    if constexpr (kAct) {
+    if constexpr (kKeep) {
 #pragma unroll
       for (int e = 0; e < V; ++e) dv[e] = dp[i][e];
     } else {
       unpack(dr[i], dv);
     }
+    // dy' again where it was not kept (kKeep above); dy' = dy without an activation.
+    constexpr bool kAgain = A != kActIdentity && !kKeep;
     const uint32_t cf = hw.div(v * V), cl = hw.div(v * V + V - 1);
     if (cf == cl) {
-      const float g = chan(c0 + cf).x;
+      const float2 kc = chan(c0 + cf);
 #pragma unroll
-      for (int e = 0; e < V; ++e) xv[e] = fmaf(g, dv[e], fmaf(c2, xv[e] - mu, c3));
+      for (int e = 0; e < V; ++e) {
+        const float xm = xv[e] - mu;
+        xv[e] = fmaf(kc.x, kAgain ? dyp(dv[e], xm, kc) : dv[e], fmaf(c2, xm, c3));
+      }
     } else {
 #pragma unroll
-      for (int e = 0; e < V; ++e) xv[e] = fmaf(chan(c0 + hw.div(v * V + e)).x, dv[e], fmaf(c2, xv[e] - mu, c3));
+      for (int e = 0; e < V; ++e) {
+        const float2 kc = chan(c0 + hw.div(v * V + e));
+        const float xm = xv[e] - mu;
+        xv[e] = fmaf(kc.x, kAgain ? dyp(dv[e], xm, kc) : dv[e], fmaf(c2, xm, c3));
+      }
     }
     store_vec<T, V>(og + v * V, xv);
   }
