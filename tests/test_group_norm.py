@@ -671,11 +671,12 @@ SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is tak
     ((64, 64, 3), 8, None),  # HxW = 3 < V: backward pieces per element
     ((32, 64, 2, 3), 16, None),  # HxW = 6: per element (fp16/bf16), vectors straddling channels (fp32)
     ((2, 48, 7, 7), 3, None),  # 6 groups: below the rule, the one-pass kernel
-    # A CTA per group (more than 256 vectors, at least 2 groups per SM on GPUs of up to 192 SMs):
+    # A CTA per group (more than 256 vectors, at least a group per SM on GPUs of up to 264 SMs):
     ((40, 640, 7, 7), 10, None),  # HxW = 49, vectors cross channels: bf16 392 vectors (2 per thread), fp32 784
     ((48, 512, 8, 8), 8, None),  # 4096 elements: 512 / 1024 vectors
     ((68, 256, 16, 16), 4, None),  # 16384 elements: bf16 2048 vectors (8 per thread); fp32 too many: other kernels
-    ((44, 192, 9, 9), 6, None),  # 264 groups (2 per SM on the H100), 2592 elements, fp32 ragged
+    ((44, 192, 9, 9), 6, None),  # 264 groups, 2592 elements, fp32 ragged
+    ((8, 256, 32, 32), 32, None),  # 256 groups (UNet2DModel at batch 8): 1024 / 2048 vectors
 ]
 
 

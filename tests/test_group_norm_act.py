@@ -118,7 +118,7 @@ def test_small_group_backward_plans(act, knobs, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["silu", "relu", "hardswish", "gelu"])
 def test_small_group_cta_plans(act):
-    """The small-group kernels with a CTA per group (groups of 257-2048 vectors, at least 2 per SM), forward and
+    """The small-group kernels with a CTA per group (groups of 257-2048 vectors, at least one per SM), forward and
     backward with each epilogue: vectors that cross channels (HxW = 49), a residual, 2-8 vectors per thread."""
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         _check("cuda", dtype, None, (40, 640, 7, 7), 10, act, with_res=True, seed=12)

@@ -107,7 +107,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   // HxW == 1: (N, C) memory is the same in both layouts; the small-group kernel (below) is one launch where
   // the NHWC kernels take three.
   if (nhwc && p.HxW == 1 && x_in.is_contiguous() &&
-      gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone, {x_in.data_ptr(), out.data_ptr()}))
+      gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act, {x_in.data_ptr(), out.data_ptr()}))
     nhwc = false;
   // channels_last input too wide for the NHWC kernels' shared memory runs in NCHW (out is
   // channels_last: the result is computed into a contiguous y and copied).
@@ -136,7 +136,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   };
   // Groups of at most 4 KB: held in registers by a few lanes of a warp, one launch, no scratch.
   if (const auto sg = nhwc ? std::nullopt
-                           : gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone,
+                           : gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act,
                                                 {x.data_ptr(), y.data_ptr(), res_ptr}))
     return run_persistent(0, Counters{},
                           [&](const OnePassArgs& a) { return gn::launch_small_forward(t, p, *sg, a, stream); });
@@ -201,7 +201,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   // Groups of at most 4 KB in NCHW memory (HxW == 1: channels_last too, the same (N, C) memory): the
   // small-group kernel.
   const bool flat = x_in.is_contiguous() && dy_in.is_contiguous();
-  const auto sg = flat ? gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone,
+  const auto sg = flat ? gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act,
                                             {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr},
                                             /*bwd=*/true)
                        : std::nullopt;

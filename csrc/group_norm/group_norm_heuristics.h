@@ -412,19 +412,22 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // already full (1024x512x4x4, 256x256x7x7, 16x4096x4x4) unchanged. GNEXT_SMALL_FILL=n: n CTAs per SM, 0 off.
 // Groups of more than kSmallMaxVecs vectors, up to 8 per thread of a CTA (32 KB of fp16/bf16, 8 KB elements of
 // fp32): a CTA per group (lanes_log2 = kSmallCtaLog2), its sums through shared memory, where there are at least
-// kSmallCtaMinSms groups per SM (ResNet-GN maps at batch 32; the SD UNets' N = 2 maps have 64 groups). It
-// replaces the two-pass backward (four kernels; scalar where HxW is not a multiple of the vector) and the
+// kSmallCtaMinSms groups per SM (GNEXT_SMALL_CTA_MIN=n: n): ResNet-GN maps at batch 32, UNet2DModel's at batch 8
+// (the SD UNets' N = 2 maps have 64 groups). It replaces the two-pass backward (four kernels; scalar where HxW is not a multiple of the vector) and the
 // one-pass forward. H100 kernel µs forward / backward, GNEXT_SMALL_CTA=0 -> 2 (profile_kernels.py --summary,
 // bench_results/small_pieces2_h100.log, 2026-11-24): 32x2048x7x7 bf16 20.7 / 109.2 -> 11.6 / 14.3
 // (GroupNorm+SiLU 23.0 / 115.1 -> 13.2 / 18.1); 32x1024x14x14 fp16 21.8 / 71.2 -> 15.6 / 20.6 (SiLU 25.4 / 81.0
 // -> 18.7 / 34.2); 32x2048x8x8 bf16 13.6 / 43.1 -> 6.9 / 10.8; 16x2048x7x7 fp32 12.0 / 59.7 -> 7.6 / 10.1;
 // 32x256x28x28 bf16 15.4 / 23.4 -> 9.8 / 16.0; 32x512x28x28 bf16 (8 vectors per thread) 29.2 / 47.8 -> 28.6 /
-// 36.5 (SiLU backward 62.6 -> 59.4). GNEXT_SMALL_CTA=0: never; 1: backward only; 2: forward and backward.
+// 36.5 (SiLU backward 62.6 -> 59.4). From 2 groups per SM down to 1 (GNEXT_SMALL_CTA_MIN=2 -> 1,
+// bench_results/small_cta_min_h100.log; 256 groups were the one-pass kernel's): 8x128x64x64 bf16 9.9 / 14.4 ->
+// 7.1 / 10.5 (SiLU backward 19.0 -> 16.8), 8x256x32x32 7.5 / 10.4 -> 4.5 / 7.4, 8x512x16x16 6.4 / 8.9 -> 3.2 /
+// 5.8, 8x1024x14x14 10.4 / 23.8 -> 7.4 / 9.4. GNEXT_SMALL_CTA=0: never; 1: backward only; 2: forward and backward.
 constexpr int64_t kSmallFillCtas = 2;
 constexpr int64_t kSmallMinGroups = 64;
 constexpr int kSmallCtaDefault = 2;
-constexpr int64_t kSmallCtaMinSms = 2;
-inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType t, bool prologue,
+constexpr int64_t kSmallCtaMinSms = 1;
+inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType t, bool prologue, int act,
                                                    std::initializer_list<const void*> ptrs, bool bwd = false) {
   if (env_int("GNEXT_SMALL", 1) == 0 || prologue || p.N * p.G < kSmallMinGroups) return std::nullopt;
   const int64_t L = p.D * p.HxW;
@@ -433,10 +436,12 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   const int64_t nvec = L / V;
   SmallGeometry g{};
   g.vec = V;
+  const bool sized = small_sized_act(act) && env_int("GNEXT_SMALL_KREG", 0) != 8;
   if (nvec > kSmallMaxVecs) {  // a CTA per group (kSmallCtaMinSms above)
+    if (!small_sized_act(act)) return std::nullopt;
     const int cta = env_int("GNEXT_SMALL_CTA", kSmallCtaDefault);
     const bool fits = nvec <= int64_t{kSmallThreads} * (kSmallMaxVecs / 32) &&
-                      p.N * p.G >= kSmallCtaMinSms * device_props().multiProcessorCount;
+                      p.N * p.G >= env_int("GNEXT_SMALL_CTA_MIN", kSmallCtaMinSms) * device_props().multiProcessorCount;
     if (!fits || cta == 0 || (cta == 1 && !bwd)) return std::nullopt;
     g.lanes_log2 = kSmallCtaLog2;
     g.k = static_cast<int>(ceil_div(nvec, int64_t{kSmallThreads}));
@@ -461,9 +466,10 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   g.k = static_cast<int>(ceil_div(nvec, int64_t{1} << g.lanes_log2));
   g.grid = static_cast<unsigned>(grid_of(g.lanes_log2));
   g.smem = 0;
-  // The kernels' registers sized by k (group_norm_small.cu, with_small); GNEXT_SMALL_KREG=8: 8 vector
-  // registers per lane for every plan, as before 2026-11-24.
-  g.kreg = env_int("GNEXT_SMALL_KREG", 0) == 8 ? 8 : g.k <= 1 ? 1 : g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
+  // The kernels' registers sized by k (group_norm_small.cu, with_small) for the activations that have those
+  // variants (small_sized_act); GNEXT_SMALL_KREG=8: 8 vector registers per lane for every plan, as before
+  // 2026-11-24.
+  g.kreg = !sized ? 8 : g.k <= 1 ? 1 : g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
   if (bwd) {
     const SmallPieces pc(static_cast<uint32_t>(p.HxW), static_cast<uint32_t>(V));
     if (!pc.direct)

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../common/pointwise.h"
+
 namespace gnext {
 namespace gn {
 
@@ -156,6 +158,11 @@ constexpr int kSmallThreads = 256;
 constexpr int kSmallMaxVecs = 256;           // 32 lanes x 8 vectors: 4 KB of x per group
 constexpr size_t kSmallMaxSmem = 100 * 1024;  // backward pieces per CTA (2 CTAs per SM)
 constexpr int kSmallCtaLog2 = 8;              // lanes_log2 of a plan with a CTA per group (256 lanes)
+// The output activations whose small-group kernels come with registers sized by the plan (K = 1, 2, 4, 8) and
+// with a CTA per group; the others (GELU, tanh, hardswish: rarer after a GroupNorm) have the warp kernels with
+// 8 vector registers per lane only. Each variant of a backward kernel is 50-440 KB of SASS per architecture:
+// all of them for every activation took the sm_90a module from 25 to 42 MB.
+constexpr bool small_sized_act(int act) { return act == kActIdentity || act == kActSilu || act == kActRelu; }
 struct SmallGeometry {
   int vec;         // elements per 16-byte vector
   int lanes_log2;  // lanes per group: 1 .. 32, or kSmallCtaLog2: the CTA

@@ -344,15 +344,20 @@ cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& 
     auto go = [&](auto aa) -> cudaError_t {
       using Warp = std::false_type;
       using Cta = std::true_type;
-      switch (g.kreg * 2 + cta) {  // a CTA-wide group has more than 256 vectors: K >= 2
-        case 2: return f(tt, aa, std::integral_constant<int, 1>{}, Warp{});
-        case 4: return f(tt, aa, std::integral_constant<int, 2>{}, Warp{});
-        case 8: return f(tt, aa, std::integral_constant<int, 4>{}, Warp{});
-        case 16: return f(tt, aa, std::integral_constant<int, 8>{}, Warp{});
-        case 5: return f(tt, aa, std::integral_constant<int, 2>{}, Cta{});
-        case 9: return f(tt, aa, std::integral_constant<int, 4>{}, Cta{});
-        case 17: return f(tt, aa, std::integral_constant<int, 8>{}, Cta{});
-        default: return cudaErrorInvalidValue;
+      using K8 = std::integral_constant<int, 8>;
+      if constexpr (!small_sized_act(decltype(aa)::value)) {  // 8 vector registers per lane, warps only
+        return g.kreg == 8 && !cta ? f(tt, aa, K8{}, Warp{}) : cudaErrorInvalidValue;
+      } else {
+        switch (g.kreg * 2 + cta) {  // a CTA-wide group has more than 256 vectors: K >= 2
+          case 2: return f(tt, aa, std::integral_constant<int, 1>{}, Warp{});
+          case 4: return f(tt, aa, std::integral_constant<int, 2>{}, Warp{});
+          case 8: return f(tt, aa, std::integral_constant<int, 4>{}, Warp{});
+          case 16: return f(tt, aa, K8{}, Warp{});
+          case 5: return f(tt, aa, std::integral_constant<int, 2>{}, Cta{});
+          case 9: return f(tt, aa, std::integral_constant<int, 4>{}, Cta{});
+          case 17: return f(tt, aa, K8{}, Cta{});
+          default: return cudaErrorInvalidValue;
+        }
       }
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Small driver for compute-sanitizer (scripts/dev/sanitize.sh): forward + backward of gnext's
 GroupNorm on shapes that take every kernel family (one-pass NCHW/NHWC with and without inter-CTA
-waits, two-pass NCHW/NHWC, the channels_last wide forward, small groups, HxW = 1), each checked against float64 so that a sanitizer run also
+waits, two-pass NCHW/NHWC, the channels_last wide forward, small groups (a CTA per group too), HxW = 1), each checked against float64 so that a sanitizer run also
 fails on wrong results; then group_norm_act and the fused conv op (the kernels' pointwise modes).
 Sizes are small: the sanitizers slow kernels down 10-100x."""
 import os
@@ -27,6 +27,8 @@ CASES = [  # shape, G, dtype, memory format
     ((32, 256, 8, 8), 32, torch.float16, None),  # many small groups: 4 CTAs per SM (forward and backward)
     ((32, 128, 7, 7), 16, torch.bfloat16, None),  # the same, ragged forward (HxW = 49, D*HxW = 392)
     ((2, 64, 33, 37), 8, torch.float16, CL),  # HxW >= 1024: the NHWC reduction's min-rows chunks (38 rows)
+    ((12, 768, 7, 7), 12, torch.bfloat16, None),  # a CTA per group: 392 vectors straddling channels
+    ((36, 256, 8, 8), 4, torch.float32, None),  # a CTA per group: 1024 vectors (4 per thread)
 ]
 
 
@@ -39,7 +41,7 @@ def pointwise_cases():
     bad = 0
     for onepass in ("2", "0"):  # 2: one-pass wherever it fits (NHWC too)
         os.environ["GNEXT_ONEPASS"] = onepass
-        for shape, G, fmt in (((4, 64, 24, 24), 8, None), ((2, 64, 12, 12), 8, CL)):
+        for shape, G, fmt in (((4, 64, 24, 24), 8, None), ((2, 64, 12, 12), 8, CL), ((12, 768, 7, 7), 12, None)):
             g = torch.Generator(device="cuda").manual_seed(1)
             x = torch.randn(shape, device="cuda", generator=g) * 3 + 2
             r = torch.randn(shape, device="cuda", generator=g)
