@@ -442,7 +442,12 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
     const int cta = env_int("GNEXT_SMALL_CTA", kSmallCtaDefault);
     const bool fits = nvec <= int64_t{kSmallThreads} * (kSmallMaxVecs / 32) &&
                       p.N * p.G >= env_int("GNEXT_SMALL_CTA_MIN", kSmallCtaMinSms) * device_props().multiProcessorCount;
-    if (!fits || cta == 0 || (cta == 1 && !bwd)) return std::nullopt;
+    // The backward with an activation stops at 4 vectors per thread: at 8, keeping dy' took 210 registers (one
+    // CTA per SM; 32x512x28x28 bf16 GroupNorm+SiLU 77.0 µs against GroupNorm's 39.5) and computing it twice lost
+    // to the one-pass kernel with inputs from DRAM (8x128x64x64 bf16 30.3 against 23.3 µs,
+    // bench_results/small_cta_flush_h100.log).
+    const bool act_bwd_fits = !bwd || act == kActIdentity || nvec <= int64_t{kSmallThreads} * 4;
+    if (!fits || !act_bwd_fits || cta == 0 || (cta == 1 && !bwd)) return std::nullopt;
     g.lanes_log2 = kSmallCtaLog2;
     g.k = static_cast<int>(ceil_div(nvec, int64_t{kSmallThreads}));
     g.kreg = g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;

@@ -190,9 +190,7 @@ __global__ void __launch_bounds__(kSmallThreads)
   // kept (bench_results/small_keep_kreg_h100.log, 2026-11-24): GroupNorm+SiLU 16x4096x4x4 bf16 14.7 -> 11.7 (GN
   // 9.3), 32x256x7x7 bf16 11.4 -> 9.4 (7.2), 256x256x7x7 fp32 35.9 -> 30.8 (23.4), 1024x512x4x4 fp16 40.1 ->
   // 38.9 (33.3), even where the registers this takes (216 for bf16 at K = 8) leave one CTA per SM.
-  // A CTA-wide group of 8 vectors per thread computes it twice: kept, its registers (210 for bf16) left one CTA
-  // per SM: GroupNorm+SiLU 32x512x28x28 bf16 backward 77.0 µs (GroupNorm 39.5).
-  constexpr bool kKeep = A != kActIdentity && !(Cta && K == 8);
+  constexpr bool kKeep = A != kActIdentity;
   float dp[kKeep ? K : 1][V];
 #pragma unroll
   for (int i = 0; i < K; ++i) {
@@ -299,23 +297,14 @@ __global__ void __launch_bounds__(kSmallThreads)
     } else {
       unpack(dr[i], dv);
     }
-    // dy' again where it was not kept (kKeep above); dy' = dy without an activation.
-    constexpr bool kAgain = A != kActIdentity && !kKeep;
     const uint32_t cf = hw.div(v * V), cl = hw.div(v * V + V - 1);
     if (cf == cl) {
-      const float2 kc = chan(c0 + cf);
+      const float g = chan(c0 + cf).x;
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float xm = xv[e] - mu;
-        xv[e] = fmaf(kc.x, kAgain ? dyp(dv[e], xm, kc) : dv[e], fmaf(c2, xm, c3));
-      }
+      for (int e = 0; e < V; ++e) xv[e] = fmaf(g, dv[e], fmaf(c2, xv[e] - mu, c3));
     } else {
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float2 kc = chan(c0 + hw.div(v * V + e));
-        const float xm = xv[e] - mu;
-        xv[e] = fmaf(kc.x, kAgain ? dyp(dv[e], xm, kc) : dv[e], fmaf(c2, xm, c3));
-      }
+      for (int e = 0; e < V; ++e) xv[e] = fmaf(chan(c0 + hw.div(v * V + e)).x, dv[e], fmaf(c2, xv[e] - mu, c3));
     }
     store_vec<T, V>(og + v * V, xv);
   }
@@ -385,15 +374,19 @@ cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeo
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T), A = decltype(aa)::value, K = decltype(kk)::value;
     constexpr bool Cta = decltype(cc)::value;
-    if (g.smem > 48 * 1024) {
-      const cudaError_t e =
-          raise_smem_limit<SmallBwdTag<T, A, K * 2 + Cta>>(small_backward_kernel<T, V, A, K, Cta>, g.smem);
-      if (e != cudaSuccess) return e;
+    if constexpr (Cta && K == 8 && A != kActIdentity) {  // not built: small_geometry leaves it to other kernels
+      return cudaErrorInvalidValue;
+    } else {
+      if (g.smem > 48 * 1024) {
+        const cudaError_t e =
+            raise_smem_limit<SmallBwdTag<T, A, K * 2 + Cta>>(small_backward_kernel<T, V, A, K, Cta>, g.smem);
+        if (e != cudaSuccess) return e;
+      }
+      return launch_dependent(small_backward_kernel<T, V, A, K, Cta>, dim3(g.grid), dim3(kSmallThreads), g.smem,
+                              stream, a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D),
+                              static_cast<uint32_t>(p.D * p.HxW), g.lanes_log2, g.k,
+                              static_cast<uint32_t>(p.HxW), FastDivmod(static_cast<uint32_t>(p.HxW)));
     }
-    return launch_dependent(small_backward_kernel<T, V, A, K, Cta>, dim3(g.grid), dim3(kSmallThreads), g.smem, stream,
-                            a, p.N * p.G, static_cast<int>(p.G), static_cast<int>(p.D),
-                            static_cast<uint32_t>(p.D * p.HxW), g.lanes_log2, g.k, static_cast<uint32_t>(p.HxW),
-                            FastDivmod(static_cast<uint32_t>(p.HxW)));
   });
 }
 

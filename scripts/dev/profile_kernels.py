@@ -37,14 +37,20 @@ def parse_shape(text):
     return shape, int(G), getattr(torch, dtype), fmt
 
 
+FLUSH = None  # --flush: a 256 MB buffer overwritten before every timed call (the L2 holds none of the inputs)
+
+
 def kernel_us(fn, reps):
-    """Summed CUDA kernel time of one fn() call (µs), from the profiler over `reps` calls."""
+    """Summed CUDA kernel time of one fn() call (µs), from the profiler over `reps` calls (with --flush, the
+    buffer fill before each call is left out of the sum)."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
+            if FLUSH is not None:
+                FLUSH.fill_(1)
             fn()
         torch.cuda.synchronize()
-    return sum(ev.device_time_total for ev in prof.key_averages()) / reps
+    return sum(ev.device_time_total for ev in prof.key_averages() if "FillFunctor" not in ev.key) / reps
 
 
 def warm_up(fwd, bwd):
@@ -89,7 +95,13 @@ def main():
     ap.add_argument("--env", default="", metavar="NAME=V1,V2",
                     help="also compare these values of one more environment knob "
                          "(e.g. GNEXT_NHWC_MIN_ROWS=0,16,32)")
+    ap.add_argument("--flush", action="store_true",
+                    help="--summary: overwrite 256 MB before each timed call, so that inputs come from DRAM "
+                         "(without it, back-to-back calls find inputs of up to ~25 MB in the L2)")
     args = ap.parse_args()
+    if args.flush:
+        global FLUSH
+        FLUSH = torch.empty(64 << 20, device="cuda", dtype=torch.float32)
     ops = torch.ops.gnext
     for shape, G, dtype, fmt in [parse_shape(s) for s in args.shape] or SHAPES:
         title = f"{tuple(shape)} G={G} {str(dtype)[6:]} {'CL' if fmt else 'contiguous'}"
