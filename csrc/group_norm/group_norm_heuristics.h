@@ -413,16 +413,17 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // Groups of more than kSmallMaxVecs vectors, up to 8 per thread of a CTA (32 KB of fp16/bf16, 8 KB elements of
 // fp32): a CTA per group (lanes_log2 = kSmallCtaLog2), its sums through shared memory, where there are at least
 // kSmallCtaMinSms groups per SM (GNEXT_SMALL_CTA_MIN=n: n): ResNet-GN maps at batch 32, UNet2DModel's at batch 8
-// (the SD UNets' N = 2 maps have 64 groups). It replaces the two-pass backward (four kernels; scalar where HxW is not a multiple of the vector) and the
-// one-pass forward. H100 kernel µs forward / backward, GNEXT_SMALL_CTA=0 -> 2 (profile_kernels.py --summary,
-// bench_results/small_pieces2_h100.log, 2026-11-24): 32x2048x7x7 bf16 20.7 / 109.2 -> 11.6 / 14.3
-// (GroupNorm+SiLU 23.0 / 115.1 -> 13.2 / 18.1); 32x1024x14x14 fp16 21.8 / 71.2 -> 15.6 / 20.6 (SiLU 25.4 / 81.0
-// -> 18.7 / 34.2); 32x2048x8x8 bf16 13.6 / 43.1 -> 6.9 / 10.8; 16x2048x7x7 fp32 12.0 / 59.7 -> 7.6 / 10.1;
-// 32x256x28x28 bf16 15.4 / 23.4 -> 9.8 / 16.0; 32x512x28x28 bf16 (8 vectors per thread) 29.2 / 47.8 -> 28.6 /
-// 36.5 (SiLU backward 62.6 -> 59.4). From 2 groups per SM down to 1 (GNEXT_SMALL_CTA_MIN=2 -> 1,
-// bench_results/small_cta_min_h100.log; 256 groups were the one-pass kernel's): 8x128x64x64 bf16 9.9 / 14.4 ->
-// 7.1 / 10.5 (SiLU backward 19.0 -> 16.8), 8x256x32x32 7.5 / 10.4 -> 4.5 / 7.4, 8x512x16x16 6.4 / 8.9 -> 3.2 /
-// 5.8, 8x1024x14x14 10.4 / 23.8 -> 7.4 / 9.4. GNEXT_SMALL_CTA=0: never; 1: backward only; 2: forward and backward.
+// (the SD UNets' N = 2 maps have 64 groups); identity, SiLU and ReLU only (small_sized_act). It replaces the
+// one-pass forward and the two-pass backward (four kernels; scalar where HxW is not a multiple of the vector).
+// H100 kernel µs forward / backward with the inputs in DRAM (L2 flushed), GNEXT_SMALL_CTA=0 -> 2
+// (profile_kernels.py --summary --flush; bench_results/small_cta_flush_h100.log, small_cta_flush2_h100.log,
+// 2026-11-24): 32x2048x7x7 bf16 22.4 / 109.9 -> 13.8 / 18.6 (GroupNorm+SiLU 24.8 / 115.7 -> 15.5 / 22.0);
+// 32x1024x14x14 bf16 27.8 / 71.4 -> 20.6 / 27.6 (SiLU 30.9 / 84.9 -> 23.3 / 41.8); 32x256x28x28 bf16 19.4 / 29.9
+// -> 13.9 / 22.8; 16x2048x7x7 fp32 14.6 / 60.2 -> 10.0 / 14.7; 32x512x28x28 bf16 (8 vectors per thread) 30.1 /
+// 49.5 -> 30.0 / 39.1; 8x128x64x64 bf16 12.9 / 18.5 -> 10.2 / 16.2; 8x256x32x32 9.5 / 12.7 -> 6.7 / 11.2;
+// 8x512x16x16 7.7 / 10.4 -> 4.7 / 8.4; 8x1024x14x14 12.0 / 25.2 -> 9.4 / 12.3. The 256-group maps (UNet2DModel)
+// came with the rule going from 2 groups per SM to 1 (bench_results/small_cta_min_h100.log).
+// GNEXT_SMALL_CTA=0: never; 1: backward only; 2: forward and backward.
 constexpr int64_t kSmallFillCtas = 2;
 constexpr int64_t kSmallMinGroups = 64;
 constexpr int kSmallCtaDefault = 2;
