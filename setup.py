@@ -124,8 +124,12 @@ def extension():
     cxx.append("-DUSE_CUDA")  # the CUDA entry points of the stable C shim
     cxx.append(f"-DGNEXT_CUDA_ARCHS={arch_token(os.environ['TORCH_CUDA_ARCH_LIST'])}")  # named in arch errors
     # NDEBUG: no device asserts (CUTLASS's would also serialize its wgmma pipeline).
-    nvcc = ["-O3", "-DNDEBUG", TARGET_MACRO, "-Xcompiler=-fvisibility=hidden", "-lineinfo",
+    nvcc = ["-O3", "-DNDEBUG", TARGET_MACRO, "-Xcompiler=-fvisibility=hidden",
             "--expt-relaxed-constexpr", "-Xptxas=-v" if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]
+    # Source lines for Nsight Compute and compute-sanitizer reports. With CUDA 13 they also embed each kernel's
+    # PTX text (.nv_debug_ptx_txt): 3/4 of a module's bytes, so release wheels build without (GNEXT_LINEINFO=0).
+    if os.environ.get("GNEXT_LINEINFO", "1") != "0":
+        nvcc.append("-lineinfo")
     cutlass = cutlass_include_dirs() if builds_sm90a() else []
     write_build_info(True, hopper_conv=bool(cutlass))
     if cutlass:
