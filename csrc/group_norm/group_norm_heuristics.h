@@ -437,8 +437,8 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   const int64_t nvec = L / V;
   SmallGeometry g{};
   g.vec = V;
-  const bool sized = small_sized_act(act) && env_int("GNEXT_SMALL_KREG", 0) != 8;
-  if (nvec > kSmallMaxVecs) {  // a CTA per group (kSmallCtaMinSms above)
+  const bool cta_plan = nvec > kSmallMaxVecs;
+  if (cta_plan) {  // a CTA per group (kSmallCtaMinSms above)
     if (!small_sized_act(act)) return std::nullopt;
     const int cta = env_int("GNEXT_SMALL_CTA", kSmallCtaDefault);
     const bool fits = nvec <= int64_t{kSmallThreads} * (kSmallMaxVecs / 32) &&
@@ -451,35 +451,29 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
     if (!fits || !act_bwd_fits || cta == 0 || (cta == 1 && !bwd)) return std::nullopt;
     g.lanes_log2 = kSmallCtaLog2;
     g.k = static_cast<int>(ceil_div(nvec, int64_t{kSmallThreads}));
-    g.kreg = g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
     g.grid = static_cast<unsigned>(p.N * p.G);
-    g.smem = 0;
-    if (bwd) {
-      const SmallPieces pc(static_cast<uint32_t>(p.HxW), static_cast<uint32_t>(V));
-      if (!pc.direct) g.smem = static_cast<size_t>(p.D * pc.slots * 8);
-      if (g.smem > kSmallMaxSmem) return std::nullopt;
-    }
-    return g;
+  } else {
+    g.lanes_log2 = 0;
+    while (g.lanes_log2 < 5 && (int64_t{4} << g.lanes_log2) < nvec) ++g.lanes_log2;
+    auto grid_of = [&](int lanes_log2) {
+      return ceil_div(ceil_div(p.N * p.G, int64_t{32} >> lanes_log2), int64_t{kSmallThreads / 32});
+    };
+    // Then more lanes per group (fewer vectors each) while the grid has fewer than kSmallFillCtas CTAs per SM.
+    const int64_t fill = int64_t{env_int("GNEXT_SMALL_FILL", kSmallFillCtas)} * device_props().multiProcessorCount;
+    while (g.lanes_log2 < 5 && (int64_t{1} << g.lanes_log2) < nvec && grid_of(g.lanes_log2) < fill) ++g.lanes_log2;
+    g.k = static_cast<int>(ceil_div(nvec, int64_t{1} << g.lanes_log2));
+    g.grid = static_cast<unsigned>(grid_of(g.lanes_log2));
   }
-  g.lanes_log2 = 0;
-  while (g.lanes_log2 < 5 && (int64_t{4} << g.lanes_log2) < nvec) ++g.lanes_log2;
-  auto grid_of = [&](int lanes_log2) {
-    return ceil_div(ceil_div(p.N * p.G, int64_t{32} >> lanes_log2), int64_t{kSmallThreads / 32});
-  };
-  // Then more lanes per group (fewer vectors each) while the grid has fewer than kSmallFillCtas CTAs per SM.
-  const int64_t fill = int64_t{env_int("GNEXT_SMALL_FILL", kSmallFillCtas)} * device_props().multiProcessorCount;
-  while (g.lanes_log2 < 5 && (int64_t{1} << g.lanes_log2) < nvec && grid_of(g.lanes_log2) < fill) ++g.lanes_log2;
-  g.k = static_cast<int>(ceil_div(nvec, int64_t{1} << g.lanes_log2));
-  g.grid = static_cast<unsigned>(grid_of(g.lanes_log2));
-  g.smem = 0;
-  // The kernels' registers sized by k (group_norm_small.cu, with_small) for the activations that have those
-  // variants (small_sized_act); GNEXT_SMALL_KREG=8: 8 vector registers per lane for every plan, as before
-  // 2026-11-24.
+  // The kernels' registers sized by k, rounded up to 1, 2, 4 or 8 (group_norm_small.cu, with_small), for the
+  // activations that have those variants (small_sized_act; a CTA-per-group plan has one of them, and k >= 2);
+  // GNEXT_SMALL_KREG=8: 8 vector registers per lane for every warp plan, as before 2026-11-24.
+  const bool sized = cta_plan || (small_sized_act(act) && env_int("GNEXT_SMALL_KREG", 0) != 8);
   g.kreg = !sized ? 8 : g.k <= 1 ? 1 : g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
-  if (bwd) {
+  g.smem = 0;
+  if (bwd) {  // a CTA's pieces: one group's (CTA per group) or those of all its warps' groups
     const SmallPieces pc(static_cast<uint32_t>(p.HxW), static_cast<uint32_t>(V));
-    if (!pc.direct)
-      g.smem = static_cast<size_t>((kSmallThreads / 32) * (int64_t{32} >> g.lanes_log2) * p.D * pc.slots * 8);
+    const int64_t groups_per_cta = cta_plan ? 1 : (kSmallThreads / 32) * (int64_t{32} >> g.lanes_log2);
+    if (!pc.direct) g.smem = static_cast<size_t>(groups_per_cta * p.D * pc.slots * 8);
     if (g.smem > kSmallMaxSmem) return std::nullopt;
   }
   return g;
