@@ -120,7 +120,12 @@ cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const Aff
             }
           }
           if (pw.dy_nchw) return cudaErrorInvalidValue;
-          if constexpr (HasDy && pw_act(P) == kActSilu && pw_pre(P) == kPreNone && V == 8) {  // 16-bit, measured
+          if constexpr (!HasDy && P != 0) {  // an activation or a prologue: measured, see the kernel
+            if (g.threads > kNhwcActFwdThreads) return cudaErrorInvalidValue;
+            constexpr bool U2 = sizeof(T) == 2 && (pw_act(P) == kActGelu || pw_pre(P) == kPreBiasGelu);
+            return launch_dependent(affine_nhwc_act_fwd_kernel<T, V, P, U2>, grid, dim3(g.threads), 0, stream, xp,
+                                    op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
+          } else if constexpr (HasDy && pw_act(P) == kActSilu && pw_pre(P) == kPreNone && V == 8) {  // 16-bit, measured
             if (g.threads > kNhwcActBwdThreads) return cudaErrorInvalidValue;
             return launch_dependent(affine_nhwc_act_bwd_kernel<T, V, P>, grid, dim3(g.threads), 0, stream, xp, dyp,
                                     op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);

@@ -629,6 +629,23 @@ __global__ void __launch_bounds__(kMaxThreads)
   affine_nhwc<T, V, HasDy, Pw, DyNchw>(x, dy, out, coef, rows, rchunk, C, tpr, rpi, pw);
 }
 
+// The forward with an activation or a prologue (Pw != 0): 256 threads (nhwc_split's most), 2 CTAs per SM
+// asked for. Under affine_nhwc_kernel's bound (512 threads) ptxas held the fp32 GELU-prologue kernel to 81
+// registers and its loads waited on the math (ncu, 32x64x258x258 fp32: DRAM 65% busy, issue slots 28%
+// busy, 490 us against 387 for the same pass without the prologue); here it takes 108-116 and keeps its
+// loads ahead. U2: two vectors per thread and trip (16-bit with erf GELU). H100 same-process A/B, forward op
+// us, plain / this (bench_results/affine_lb_ab2_h100.log, 2026-11-25; GroupNorm alone in brackets):
+// fp32 CL 32x64x258x258 GELU 699 / 594 (599), tanh 639 / 593, SiLU 602 / 593; 4x512x128x128 GELU 188 / 162
+// (U2 170); 16-bit GELU with U2: 16x512x128x128 bf16 360 / 335 (295), 1x128x1024x1024 fp16 355 / 334 (294);
+// 16-bit SiLU / tanh unchanged without U2 and 5-25% slower with it or with a tighter register bound.
+// L2#19's fused conv op forward (fp32 bias+GELU prologue): 5.74 / 5.38 ms.
+template <typename T, int V, int Pw, bool U2>
+__global__ void __launch_bounds__(kNhwcActFwdThreads, 2)
+    affine_nhwc_act_fwd_kernel(const T* __restrict__ x, T* __restrict__ out, const float4* __restrict__ coef,
+                               int64_t rows, int64_t rchunk, int C, int tpr, int rpi, PwArgs pw) {
+  affine_nhwc<T, V, false, Pw, false, U2>(x, nullptr, out, coef, rows, rchunk, C, tpr, rpi, pw);
+}
+
 // The backward with SiLU's derivative (Pw: SiLU, no prologue; fp16/bf16, V = 8): at most kNhwcActBwdThreads
 // threads, held to 3 CTAs per SM (<= 80 registers) and two vectors per thread and trip. The plain kernel took
 // 92 registers (2 CTAs of 256 threads per SM) and stalled on its loads (ncu: L1TEX scoreboard 76% of the

@@ -16,6 +16,7 @@ namespace gn {
 constexpr int kUnroll = 4;        // independent vector loads in flight per thread
 constexpr int kMaxThreads = 512;  // block size cap of every kernel
 constexpr int kNhwcActBwdThreads = 256;  // NHWC backward affine with SiLU (nhwc_split: <= 256)
+constexpr int kNhwcActFwdThreads = 256;  // NHWC forward affine with an activation or prologue (same)
 
 enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
 

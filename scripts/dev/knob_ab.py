@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Same-process A/B of one of gnext's GNEXT_* environment knobs on op time: per shape, the forward op
-(gnext.group_norm, and gnext.group_norm_act with SiLU unless --no-act) and the backward op
+(gnext.group_norm, and gnext.group_norm_act with --act, default SiLU, unless --no-act) and the backward op
 (gnext.group_norm_backward / group_norm_act_backward, all three gradients) timed with CUDA events, the L2
 flushed before each call (scripts/bench/timing.Timer), every knob value once per round, rounds in a fresh
 random order, median and min-max over rounds. --graph N times N back-to-back calls replayed from one CUDA
 graph instead (GPU time per call in a chain of ops, launch boundaries included, no host time). Diagnostic
 for a kernel or launch change behind a knob; speed claims come from scripts/bench.
     python scripts/dev/knob_ab.py --env GNEXT_PDL=0,1 --shape 1,128,1024,1024:32:float16:cl [--rounds 7] [--graph 50]
+--conv: the fused ConvTranspose2d(C -> C, 3x3)+GELU+GroupNorm (L2#19's op) on an input of each shape instead,
+forward and backward (inputs without requires_grad: no autograd graph is kept).
 """
 from __future__ import annotations
 
@@ -30,16 +32,30 @@ import groupnorm_ext  # noqa: E402,F401
 ops = torch.ops.gnext
 
 
+def conv_cases(shape, G, dtype, fmt):
+    """(name, fn) of the fused ConvTranspose2d+GELU+GroupNorm op, forward and backward, for one input shape."""
+    x, w, b, _ = make_inputs(shape, dtype, fmt, "cuda")
+    C = shape[1]
+    cw = torch.randn(C, C, 3, 3, device="cuda", dtype=dtype) * 0.05
+    conv = ([1, 1], [0, 0], [0, 0], [1, 1], 1)
+    fwd = lambda: ops.conv_transpose2d_gelu_group_norm(x, cw, b, *conv, G, w, b, 1e-5, "none")  # noqa: E731
+    y, z, mean, rstd, _ = fwd()
+    dy = torch.randn_like(y)
+    return [("conv fwd", fwd),
+            ("conv bwd", lambda: ops.conv_transpose2d_gelu_group_norm_backward(dy, x, cw, b, z, mean, rstd, w, *conv,
+                                                                               G, "none", [True] * 5))]
+
+
 def cases(shape, G, dtype, fmt, act):
-    """(name, fn) of the ops timed for one shape."""
+    """(name, fn) of the ops timed for one shape (act: the group_norm_act activation, or None)."""
     x, w, b, dy = make_inputs(shape, dtype, fmt, "cuda")
     y, mean, rstd = ops.group_norm(x, G, w, b, 1e-5)
     out = [("gn fwd", lambda: ops.group_norm(x, G, w, b, 1e-5)),
            ("gn bwd", lambda: ops.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True]))]
     if act:
-        ya, mean_a, rstd_a = ops.group_norm_act(x, G, w, b, 1e-5, "silu", None)
-        out += [("silu fwd", lambda: ops.group_norm_act(x, G, w, b, 1e-5, "silu", None)),
-                ("silu bwd", lambda: ops.group_norm_act_backward(dy, x, mean_a, rstd_a, w, b, G, "silu",
+        ya, mean_a, rstd_a = ops.group_norm_act(x, G, w, b, 1e-5, act, None)
+        out += [(f"{act} fwd", lambda: ops.group_norm_act(x, G, w, b, 1e-5, act, None)),
+                (f"{act} bwd", lambda: ops.group_norm_act_backward(dy, x, mean_a, rstd_a, w, b, G, act,
                                                                  [True, True, True]))]
     return out
 
@@ -68,6 +84,8 @@ def main():
     ap.add_argument("--shape", action="append", required=True, metavar="N,C,H[,W[,D]]:G:DTYPE[:cl]")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-act", action="store_true", help="GroupNorm only")
+    ap.add_argument("--act", default="silu", help="activation of the group_norm_act rows")
+    ap.add_argument("--conv", action="store_true", help="the fused ConvTranspose2d+GELU+GroupNorm op instead")
     ap.add_argument("--fwd", action="store_true", help="forward ops only")
     ap.add_argument("--graph", type=int, default=0, metavar="N",
                     help="time N back-to-back calls captured in one CUDA graph (per call; no L2 flush: the GPU "
@@ -83,7 +101,9 @@ def main():
     print(f"{'shape':34s} {'op':9s} " + " ".join(f"{v:>22s}" for v in values) + "  last/first")
     for spec in args.shape:
         shape, G, dtype, fmt = parse_shape(spec)
-        for name, fn in cases(shape, G, dtype, fmt, not args.no_act):
+        todo = conv_cases(shape, G, dtype, fmt) if args.conv else cases(shape, G, dtype, fmt,
+                                                                          None if args.no_act else args.act)
+        for name, fn in todo:
             if args.fwd and not name.endswith("fwd"):
                 continue
             times = {v: [] for v in values}

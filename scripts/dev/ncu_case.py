@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Run one gnext GroupNorm op a few times for Nsight Compute (scripts/dev/ncu_gaps.sh).
-    python scripts/dev/ncu_case.py N,C,H,W G dtype {nchw,cl} {fwd,bwd} [--two-pass]"""
+    python scripts/dev/ncu_case.py N,C,H,W G dtype {nchw,cl} {fwd,bwd,convfwd} [--two-pass]
+convfwd: the fused ConvTranspose2d(C -> C, 3x3)+GELU+GroupNorm forward on an input of that shape (L2#19's
+op; its GroupNorm runs on the (N, C, H+2, W+2) conv output)."""
 import os
 import sys
 
@@ -19,8 +21,12 @@ if fmt == "cl":
 w = torch.randn(shape[1], device="cuda", dtype=dtype)
 dy = torch.randn_like(x)
 out, mean, rstd = torch.ops.gnext.group_norm(x, G, w, w, 1e-5)
+cw = torch.randn(shape[1], shape[1], 3, 3, device="cuda", dtype=dtype) * 0.05
 for _ in range(2):
-    if direction == "fwd":
+    if direction == "convfwd":
+        torch.ops.gnext.conv_transpose2d_gelu_group_norm(x, cw, w, [1, 1], [0, 0], [0, 0], [1, 1], 1, G, w, w,
+                                                         1e-5, "none")
+    elif direction == "fwd":
         torch.ops.gnext.group_norm(x, G, w, w, 1e-5)
     else:
         torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True])
