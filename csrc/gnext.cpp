@@ -5,6 +5,12 @@
 #include <Python.h>
 #include <torch/csrc/stable/library.h>
 
+#include <exception>
+
+#ifdef USE_CUDA
+#include "group_norm/group_norm_aten.h"
+#endif
+
 STABLE_TORCH_LIBRARY(gnext, m) {
   // GroupNorm forward (Wu & He 2018). input (N, C, *); mean/rstd are (N, G) float32.
   m.def(
@@ -51,9 +57,34 @@ STABLE_TORCH_LIBRARY(gnext, m) {
       " -> (Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)");
 }
 
-// An importable (empty) Python module, so `import groupnorm_ext._C` loads this
-// library and runs the registrations above.
+// _set_aten_kernels(enable: bool | None) -> bool: gnext's CUDA kernels behind aten::native_group_norm and its
+// backward on (True) or off (False), or unchanged (None); returns the previous state
+// (groupnorm_ext.enable_aten_kernels).
+static PyObject* set_aten_kernels_py(PyObject*, PyObject* arg) {
+  const int enable = arg == Py_None ? -2 : PyObject_IsTrue(arg);
+  if (enable == -1) return nullptr;
+#ifdef USE_CUDA
+  try {
+    if (enable == -2) return PyBool_FromLong(gnext::aten_kernels_enabled());
+    return PyBool_FromLong(gnext::set_aten_kernels(enable != 0));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+#else
+  if (enable == -2) return PyBool_FromLong(0);
+  PyErr_SetString(PyExc_RuntimeError, "gnext was built without CUDA: there are no CUDA kernels to give ATen");
+  return nullptr;
+#endif
+}
+
+// The Python module `groupnorm_ext._C`: importing it loads this library, which runs the registrations above.
 extern "C" __attribute__((visibility("default"))) PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static PyMethodDef methods[] = {
+      {"_set_aten_kernels", set_aten_kernels_py, METH_O,
+       "gnext's CUDA kernels for aten::native_group_norm(_backward) on (True), off (False) or unchanged (None); "
+       "returns the previous state."},
+      {nullptr, nullptr, 0, nullptr}};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module_def);
 }

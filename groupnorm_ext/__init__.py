@@ -9,16 +9,21 @@ Importing this package loads the compiled library, which registers
 * ``torch.ops.gnext.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation,
   residual)`` and its backward (KernelBench L2#92 after the conv)
 
-with CUDA kernels (C++ on PyTorch's stable ABI: one build loads on every torch >= 2.11), CPU kernels
+``enable_aten_kernels()`` also gives PyTorch's own ``aten::native_group_norm`` (and its backward) gnext's
+CUDA kernels, so ``F.group_norm`` / ``nn.GroupNorm`` models use them unedited (``aten_kernels.py``).
+
+Each op has CUDA kernels (C++ on PyTorch's stable ABI: one build loads on every torch >= 2.11), CPU kernels
 (``_cpu.py``), autograd (``_autograd.py``) and fake kernels (``_ops.py``).
 """
 from ._ops import ops
 from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp
 from .compile_fusion import disable_compile_fusion, enable_compile_fusion
+from .aten_kernels import aten_kernels, aten_kernels_enabled, disable_aten_kernels, enable_aten_kernels
 from .modules import (ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct, convert_conv_transpose_gelu_group_norm,
                       convert_group_norm, convert_group_norm_act)
 
 __all__ = ["ops", "group_norm", "GroupNorm", "convert_group_norm", "conv_transpose2d_gelu_group_norm",
            "ConvTranspose2dGELUGroupNorm", "convert_conv_transpose_gelu_group_norm", "group_norm_act", "GroupNormAct",
-           "convert_group_norm_act", "group_norm_act_logsumexp", "enable_compile_fusion", "disable_compile_fusion"]
+           "convert_group_norm_act", "group_norm_act_logsumexp", "enable_compile_fusion", "disable_compile_fusion",
+           "enable_aten_kernels", "disable_aten_kernels", "aten_kernels_enabled", "aten_kernels"]
 __version__ = "0.1.0"

@@ -32,3 +32,29 @@ def test_real_models_merge_keeps_each_rows_run(tmp_path):
     assert [(r["row"], r["date"]) for r in rows] == [("vae", "D3"), ("unet", "D2"), ("sd15", "D1"), ("bit", "D2")]
     assert meta["date"] == "D3 / D2 / D1"
     assert meta["timing"] == "9 rounds (vae) / 15 rounds (unet, bit) / 9 rounds (sd15)"
+
+
+def test_real_models_table_with_a_subset_of_variants(tmp_path):
+    """A run of the eager variants only (--variants eager,gnext,gnext-aten) and an older row without gnext-aten
+    render in one table: the missing cells read "–", the per-round ratios of the pairs each row has."""
+    def row(name, ms_rounds):
+        return {"row": name, "ms": {v: min(t) for v, t in ms_rounds.items()},
+                "ms_min": {v: min(t) for v, t in ms_rounds.items()},
+                "ms_max": {v: max(t) for v, t in ms_rounds.items()}, "ms_rounds": ms_rounds, "orders": [],
+                "rel_diff_vs_fp32": dict.fromkeys(ms_rounds, 1e-3), "fusion_rewrites": None}
+
+    new = row("unet", {"eager": [10.0, 12.0], "gnext": [11.0, 12.0], "gnext-aten": [9.0, 10.0]})
+    old = row("vae", {"eager": [20.0, 20.0], "gnext": [10.0, 10.0], "compile": [8.0, 8.0],
+                      "compile+fusion": [6.4, 6.4]})
+    old["fusion_rewrites"] = 19
+    meta = {"device": "dev", "torch": "t", "date": "D", "timing": "2 rounds"}
+    md = real_models.write(tmp_path, meta, [new, old], "t")
+    lines = md.splitlines()
+    assert "gnext-aten eager ms (x)" in lines[2] and "compile + fusion ms (x)" in lines[2]
+    unet = next(line for line in lines if line.startswith("| unet |"))
+    assert "9.00 [9.00–10.00] (1.11x)" in unet and unet.count("–") >= 4
+    vae = next(line for line in lines if line.startswith("| vae |"))
+    assert "1.25x | 19" in vae
+    ratios = next(line for line in lines if line.startswith("| unet (random order)"))
+    assert "1.156 [1.11–1.20] 2/2" in ratios  # gnext-aten vs eager per round: 10/9, 12/10
+    assert (tmp_path / "t.json").exists() and (tmp_path / "t.md").exists()

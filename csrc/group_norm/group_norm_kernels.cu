@@ -98,6 +98,35 @@ cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const fl
   });
 }
 
+template <typename From, typename To>
+__global__ void cast_stats_kernel(const From* __restrict__ mean, const From* __restrict__ rstd, To* __restrict__ mean_out,
+                                  To* __restrict__ rstd_out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    mean_out[i] = static_cast<To>(to_float(mean[i]));
+    rstd_out[i] = static_cast<To>(to_float(rstd[i]));
+  }
+}
+
+cudaError_t launch_cast_stats(ScalarKind from, ScalarKind to, const void* mean, const void* rstd, void* mean_out,
+                              void* rstd_out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if ((from == ScalarKind::Float) == (to == ScalarKind::Float)) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((n + 255) / 256)), block(256);
+  return with_scalar(from == ScalarKind::Float ? to : from, [&](auto tt) {
+    using T = decltype(tt);
+    if (from == ScalarKind::Float)
+      cast_stats_kernel<float, T><<<grid, block, 0, stream>>>(static_cast<const float*>(mean),
+                                                              static_cast<const float*>(rstd), static_cast<T*>(mean_out),
+                                                              static_cast<T*>(rstd_out), n);
+    else
+      cast_stats_kernel<T, float><<<grid, block, 0, stream>>>(static_cast<const T*>(mean), static_cast<const T*>(rstd),
+                                                              static_cast<float*>(mean_out),
+                                                              static_cast<float*>(rstd_out), n);
+    return cudaGetLastError();
+  });
+}
+
 cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const AffineGeometry& g, const void* x,
                           const void* dy, void* out, const float* coef, const PwArgs& pw, cudaStream_t stream) {
   return with_scalar(t, [&](auto tt) {

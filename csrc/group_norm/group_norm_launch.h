@@ -219,6 +219,10 @@ cudaError_t launch_finalize_backward(ScalarKind wt, const Problem& p, const Part
 // dgamma/dbeta (either may be null) of type pt from dsum.
 cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const float* dsum, const float* rstd,
                                        void* dgamma, void* dbeta, cudaStream_t stream);
+// mean and rstd (n values each) converted from `from` to `to` (one of them float32) in one launch: ATen's
+// GroupNorm keeps its statistics in the input's dtype (group_norm_aten.cpp), gnext's kernels in float32.
+cudaError_t launch_cast_stats(ScalarKind from, ScalarKind to, const void* mean, const void* rstd, void* mean_out,
+                              void* rstd_out, int64_t n, cudaStream_t stream);
 // out = coef.y * (a - coef.x) [+ coef.z * dy] + coef.w, a = x or the prologue's act(x + bias)
 // (backward with a prologue: times act'(x + bias)).
 cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const AffineGeometry& g, const void* x,

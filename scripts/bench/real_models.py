@@ -12,8 +12,10 @@ training steps. Rows (random weights, real image input from skimage.data.astrona
                                 training step
 
 Variants: original eager; gnext eager (groupnorm_ext.convert_group_norm_act, which also fuses diffusers'
-ResnetBlock2D pairs); torch.compile(original); torch.compile(original) with
-groupnorm_ext.enable_compile_fusion() active while it compiles. Timing: wall time (host + GPU) of a
+ResnetBlock2D pairs); gnext-aten: the original model, unedited, with groupnorm_ext.enable_aten_kernels() on
+while it runs (PyTorch's GroupNorm and C++ autograd on gnext's kernels); torch.compile(original);
+torch.compile(original) with groupnorm_ext.enable_compile_fusion() active while it compiles
+(--variants: a subset, e.g. eager,gnext,gnext-aten without the compiles). Timing: wall time (host + GPU) of a
 batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
@@ -28,6 +30,7 @@ Needs diffusers, timm and scikit-image (the benchmark only; gnext does not depen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
@@ -45,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 import groupnorm_ext as ge  # noqa: E402
 from groupnorm_ext import compile_fusion  # noqa: E402
 
-VARIANTS = ("eager", "gnext", "compile", "compile+fusion")
+VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 
 
 def image(size, n):
@@ -166,13 +169,15 @@ def no_caches():
 
 # Per-round ratios: (variant, its baseline); the two ran in the same round, so slow phases of the shared
 # machine that span a round cancel.
-PAIRS = (("gnext", "eager"), ("compile", "eager"), ("compile+fusion", "compile"))
+PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("compile+fusion", "compile"))
 
 
 def paired(times):
-    """For each pair: median [min, max] over rounds of baseline time / variant time, and rounds won."""
+    """For each pair run: median [min, max] over rounds of baseline time / variant time, and rounds won."""
     out = {}
     for v, base in PAIRS:
+        if v not in times or base not in times:
+            continue
         ratios = [b / t for b, t in zip(times[base], times[v])]
         out[f"{v} vs {base}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
                                  "wins": sum(x > 1 for x in ratios), "rounds": len(ratios)}
@@ -193,7 +198,7 @@ def wall_ms(fn, sync, iters):
     return (time.perf_counter() - t0) / iters * 1e3
 
 
-def run_row(row, dev, smoke, rounds, when, progress, mode=None):
+def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANTS):
     model32, args32, dtype, fmt, train = build(row, dev, smoke)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     with torch.no_grad() if not train else torch.enable_grad():
@@ -202,52 +207,66 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None):
     orig = copy.deepcopy(model32).to(dtype).to(memory_format=fmt)
     conv, counts = ge.convert_group_norm_act(copy.deepcopy(orig), return_counts=True)
     fns, info = {}, {"converted": counts}
+    # gnext-aten: the unedited model while gnext's kernels serve aten::native_group_norm(_backward); switched
+    # on around each of its calls and timings only (the switch itself is not timed).
+    aten_on = {v: ge.aten_kernels if v == "gnext-aten" else contextlib.nullcontext for v in variants}
     fns["eager"] = step_fn(orig, args, train)
     fns["gnext"] = step_fn(conv, args, train)
-    torch._dynamo.reset()
-    graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
-    fns["compile"] = step_fn(torch.compile(copy.deepcopy(orig), mode=mode), args, train, graphs)
+    fns["gnext-aten"] = step_fn(orig, args, train)
     outs, t_compile = {}, {}
-    for v in ("eager", "gnext", "compile"):
+    graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+    if "compile" in variants:
+        torch._dynamo.reset()
+        fns["compile"] = step_fn(torch.compile(copy.deepcopy(orig), mode=mode), args, train, graphs)
+    for v in [v for v in variants if v != "compile+fusion"]:
         t0 = time.perf_counter()
-        outs[v] = fns[v]()
+        with aten_on[v]():
+            outs[v] = fns[v]()
         t_compile[v] = time.perf_counter() - t0
         progress(f"{row}: {v} first call {t_compile[v]:.1f} s")
-    before = compile_fusion.compile_fusion_stats["group_norm_act"]
-    ge.enable_compile_fusion(when=when)
-    try:
-        fns["compile+fusion"] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode), args, train, graphs)
-        t0 = time.perf_counter()
-        with no_caches():
-            outs["compile+fusion"] = fns["compile+fusion"]()
-            fns["compile+fusion"]()  # a second call under the pass: recompiles (if any) get it too
-        progress(f"{row}: compile+fusion first calls {time.perf_counter() - t0:.1f} s")
-    finally:
-        ge.disable_compile_fusion()
-    info["fusion_rewrites"] = compile_fusion.compile_fusion_stats["group_norm_act"] - before
-    for v in VARIANTS:  # warm-up, and the number of calls per timing (~0.25 s each)
-        fns[v]()
-    iters = {v: max(1, min(50, int(250 / max(wall_ms(fns[v], sync, 1), 1e-3)))) for v in VARIANTS}
+    info["fusion_rewrites"] = None
+    if "compile+fusion" in variants:
+        before = compile_fusion.compile_fusion_stats["group_norm_act"]
+        ge.enable_compile_fusion(when=when)
+        try:
+            fns["compile+fusion"] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode), args, train, graphs)
+            t0 = time.perf_counter()
+            with no_caches():
+                outs["compile+fusion"] = fns["compile+fusion"]()
+                fns["compile+fusion"]()  # a second call under the pass: recompiles (if any) get it too
+            progress(f"{row}: compile+fusion first calls {time.perf_counter() - t0:.1f} s")
+        finally:
+            ge.disable_compile_fusion()
+        info["fusion_rewrites"] = compile_fusion.compile_fusion_stats["group_norm_act"] - before
+
+    def timed(v, n):
+        with aten_on[v]():
+            return wall_ms(fns[v], sync, n)
+
+    for v in variants:  # warm-up, and the number of calls per timing (~0.25 s each)
+        with aten_on[v]():
+            fns[v]()
+    iters = {v: max(1, min(50, int(250 / max(timed(v, 1), 1e-3)))) for v in variants}
     if smoke:
-        iters = dict.fromkeys(VARIANTS, 1)
-    times, orders = {v: [] for v in VARIANTS}, []
+        iters = dict.fromkeys(variants, 1)
+    times, orders = {v: [] for v in variants}, []
     rng = random.Random(0)
     for r in range(rounds):
         # A fresh order every round: with a rotation each variant always followed the same one, and
         # compile+fusion with 0 rewrites (the same code as compile) came out 0.89-0.93x of compile
         # in two H100 runs, an order effect or a real one that a fixed order cannot tell apart.
-        order = list(VARIANTS)
+        order = list(variants)
         rng.shuffle(order)
         orders.append(order)
         for v in order:
-            times[v].append(wall_ms(fns[v], sync, iters[v]))
-        progress(f"{row}: round {r + 1}/{rounds} " + " ".join(f"{v} {times[v][-1]:.2f}" for v in VARIANTS))
+            times[v].append(timed(v, iters[v]))
+        progress(f"{row}: round {r + 1}/{rounds} " + " ".join(f"{v} {times[v][-1]:.2f}" for v in variants))
     res = {"row": row, "dtype": str(dtype).split(".")[1], "format": "cl" if fmt == torch.channels_last else "nchw",
            "train": train, "iters_per_timing": iters, **info,
-           "ms": {v: statistics.median(times[v]) for v in VARIANTS},
-           "ms_min": {v: min(times[v]) for v in VARIANTS}, "ms_max": {v: max(times[v]) for v in VARIANTS},
+           "ms": {v: statistics.median(times[v]) for v in variants},
+           "ms_min": {v: min(times[v]) for v in variants}, "ms_max": {v: max(times[v]) for v in variants},
            "ms_rounds": times, "orders": orders,
-           "rel_diff_vs_fp32": {v: rel(outs[v].float(), ref) for v in VARIANTS}}
+           "rel_diff_vs_fp32": {v: rel(outs[v].float(), ref) for v in variants}}
     del fns, orig, conv
     torch._dynamo.reset()
     if dev == "cuda":
@@ -255,28 +274,44 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None):
     return res
 
 
+LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gnext-aten eager ms (x)",
+          "compile": "compile ms (x)", "compile+fusion": "compile + fusion ms (x)"}
+
+
 def write(out_dir, meta, rows, name="real_models"):
-    """<name>.json, <name>.md and <name>.png (bars: speed-up over original eager) under out_dir."""
+    """<name>.json, <name>.md and <name>.png (bars: speed-up over original eager) under out_dir. Columns: the
+    variants any row has (a row without one shows "–")."""
+    have = [v for v in VARIANTS if any(v in r["ms"] for r in rows)]
+    fusion = "compile+fusion" in have and "compile" in have
+    head = [LABELS[v] for v in have] + (["fusion vs compile", "rewrites"] if fusion else [])
     lines = [f"{meta['device']} · torch {meta['torch']} · {meta['date']} · {meta['timing']}", "",
-             "| model | eager ms | gnext eager ms (x) | compile ms (x) | compile + fusion ms (x) | fusion vs compile | "
-             "rewrites | rel diff vs fp32: eager / gnext / compile / compile+fusion |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| model | " + " | ".join(head) + f" | rel diff vs fp32: {' / '.join(have)} |",
+             "|---|" + "---:|" * len(head) + "---|"]
     for r in rows:
         ms, lo, hi = r["ms"], r["ms_min"], r["ms_max"]
-        cell = lambda v: f"{ms[v]:.2f} [{lo[v]:.2f}–{hi[v]:.2f}]"  # noqa: E731
-        x = lambda v: f"{cell(v)} ({ms['eager'] / ms[v]:.2f}x)"  # noqa: E731
+
+        def cell(v):
+            if v not in ms:
+                return "–"
+            c = f"{ms[v]:.2f} [{lo[v]:.2f}–{hi[v]:.2f}]"
+            return c if v == "eager" or "eager" not in ms else f"{c} ({ms['eager'] / ms[v]:.2f}x)"
+
+        cells = [cell(v) for v in have]
+        if fusion:
+            both = "compile" in ms and "compile+fusion" in ms
+            cells += [f"{ms['compile'] / ms['compile+fusion']:.2f}x" if both else "–", str(r["fusion_rewrites"])]
         d = r["rel_diff_vs_fp32"]
-        lines.append(f"| {r['row']} | {cell('eager')} | {x('gnext')} | {x('compile')} | {x('compile+fusion')} | "
-                     f"{ms['compile'] / ms['compile+fusion']:.2f}x | {r['fusion_rewrites']} | "
-                     f"{' / '.join(f'{d[v]:.1e}' for v in VARIANTS)} |")
+        lines.append(f"| {r['row']} | " + " | ".join(cells) + " | "
+                     + " / ".join(f"{d[v]:.1e}" if v in d else "–" for v in have) + " |")
     lines += ["", "Times: median [min–max] over rounds, ms per call (host + GPU). (x): speed-up over original eager. "
               "rewrites: GroupNorm+activation chains the compile pass rewrote; converted layers per row in the JSON."]
+    pairs = [(v, b) for v, b in PAIRS if v in have and b in have]
     lines += ["", "Per-round ratios (baseline time / variant time within one round): median [min–max], rounds won.", "",
-              "| model | " + " | ".join(f"{v} vs {b}" for v, b in PAIRS) + " |", "|---|" + "---:|" * len(PAIRS)]
+              "| model | " + " | ".join(f"{v} vs {b}" for v, b in pairs) + " |", "|---|" + "---:|" * len(pairs)]
     for r in rows:
         pr = paired(r["ms_rounds"])
-        cells = [f"{q['median']:.3f} [{q['min']:.2f}–{q['max']:.2f}] {q['wins']}/{q['rounds']}"
-                 for q in (pr[f"{v} vs {b}"] for v, b in PAIRS)]
+        cells = [(lambda q: f"{q['median']:.3f} [{q['min']:.2f}–{q['max']:.2f}] {q['wins']}/{q['rounds']}")(
+            pr[f"{v} vs {b}"]) if f"{v} vs {b}" in pr else "–" for v, b in pairs]
         order = "random order" if "orders" in r else "rotating order"
         lines.append(f"| {r['row']} ({order}) | " + " | ".join(cells) + " |")
     lines += [f"- {r['row']}: {r['note']}" for r in rows if r.get("note")]
@@ -292,12 +327,15 @@ def write(out_dir, meta, rows, name="real_models"):
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(9, 3.6))
-        w = 0.27
-        for i, v in enumerate(VARIANTS[1:]):
-            ys = [r["ms"]["eager"] / r["ms"][v] for r in rows]
-            err = [[y - r["ms"]["eager"] / r["ms_max"][v] for y, r in zip(ys, rows)],
-                   [r["ms"]["eager"] / r["ms_min"][v] - y for y, r in zip(ys, rows)]]
-            ax.bar([k + (i - 1) * w for k in range(len(rows))], ys, w, yerr=err, capsize=2, label=v)
+        bars = [v for v in have if v != "eager"]
+        w = 0.8 / max(1, len(bars))
+        for i, v in enumerate(bars):
+            rs = [r for r in rows if v in r["ms"] and "eager" in r["ms"]]
+            ks = [k for k, r in enumerate(rows) if v in r["ms"] and "eager" in r["ms"]]
+            ys = [r["ms"]["eager"] / r["ms"][v] for r in rs]
+            err = [[y - r["ms"]["eager"] / r["ms_max"][v] for y, r in zip(ys, rs)],
+                   [r["ms"]["eager"] / r["ms_min"][v] - y for y, r in zip(ys, rs)]]
+            ax.bar([k + (i - (len(bars) - 1) / 2) * w for k in ks], ys, w, yerr=err, capsize=2, label=v)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(range(len(rows)), [r["row"] for r in rows], fontsize=8)
         ax.set_ylabel("speed-up over original eager")
@@ -342,6 +380,8 @@ def main():
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile mode of both compiled variants (e.g. reduce-overhead: CUDA graphs, "
                         "which take the host out of the compiled steps); default: torch.compile's default")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated subset of {','.join(VARIANTS)} (eager is the baseline of the ratios)")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="no run: one table (in --rows order) from the rows of JSON files of earlier runs "
                         "(rows run in separate processes or device calls); meta from the first file")
@@ -366,7 +406,8 @@ def main():
             "input": "skimage.data.astronaut(); VAE: its encoder's latents"}
     rows = []
     for row in args.rows.split(","):
-        res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode)
+        variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
+        res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode, variants)
         print(json.dumps({k: res[k] for k in ("row", "ms", "converted", "fusion_rewrites")}), flush=True)
         rows.append(res)
         write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one

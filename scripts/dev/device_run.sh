@@ -4,10 +4,10 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/dev/device_run.sh [bench args...]
-#   STEPS="build smoke bench test kb fused act sanitize sweep fb ncu host models shapes kernels cudnnprobe" BUDGET_S=580 \
+#   STEPS="build smoke aten bench test kb fused act sanitize sweep fb ncu host models shapes kernels cudnnprobe" BUDGET_S=580 \
 #     bash scripts/dev/device_run.sh
-# test runs pytest with PYTEST_N xdist workers (default 8; 0: none). models: ROWS (default all) of the
-# real-model benchmark (FUSION_WHEN=always: the compile + fusion variant rewrites training graphs too); shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
+# test runs pytest with PYTEST_N xdist workers (default 8; 0: none). aten: tests/test_aten_kernels.py.
+# models: ROWS (default all), VARIANTS (default all) and MODELS_NAME (output name) of the real-model benchmark (FUSION_WHEN=always: the compile + fusion variant rewrites training graphs too); shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
 # (.peers/ from scripts/dev/fetch_peers.sh carried along); kernels: per-kernel times
 # (scripts/dev/profile_kernels.py); cudnnprobe: scripts/dev/cudnn_fusion_probe.py (.probe/ carried). MATCH:
 # only the sweep cases / profile shapes whose name contains it.
@@ -38,6 +38,12 @@ if has smoke; then
   echo "smoke rc=$rc ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest_smoke.log")"
   grep -E "^(FAILED|ERROR)|Error" "$OUT/pytest_smoke.log" | head -10
   [ $rc -ne 0 ] && exit $rc
+fi
+if has aten; then  # enable_aten_kernels: its tests (the host time of its calls: the host step)
+  t0=$SECONDS
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_aten_kernels.py > "$OUT/pytest_aten.log" 2>&1
+  echo "aten tests rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest_aten.log")"
+  grep -E "^(FAILED|ERROR)|Error:" "$OUT/pytest_aten.log" | head -10
 fi
 if has bench; then
   t0=$SECONDS
@@ -93,8 +99,9 @@ fi
 if has models; then
   t0=$SECONDS
   timeout $(( $(left) - 10 )) python3 scripts/bench/real_models.py --rows "${ROWS:-vae-fp16-nchw,vae-fp16-cl,unet2d-train-bf16,sd15-unet-fp16,bit-train-bf16}" \
-    --rounds "${ROUNDS:-7}" --fusion-when "${FUSION_WHEN:-auto}" --out "$OUT" > "$OUT/real_models.log" 2>&1
-  echo "models rc=$? ($((SECONDS - t0)) s)"; [ -f "$OUT/real_models.md" ] && cat "$OUT/real_models.md"
+    --rounds "${ROUNDS:-7}" --fusion-when "${FUSION_WHEN:-auto}" --out "$OUT" --name "${MODELS_NAME:-real_models}" \
+    ${VARIANTS:+--variants "$VARIANTS"} > "$OUT/real_models.log" 2>&1
+  echo "models rc=$? ($((SECONDS - t0)) s)"; m="$OUT/${MODELS_NAME:-real_models}.md"; [ -f "$m" ] && cat "$m"
 fi
 if has shapes; then
   t0=$SECONDS

@@ -6,7 +6,8 @@ Two measurements per row:
     the GPU synchronized before and after (host-bound, so this is the host path);
   * the issue's shape (2x320x64x64 fp16, G=32): host time to enqueue 30 calls / 30 (the GPU runs behind
     and is synchronized only after the clock stops), so GPU time does not hide or inflate it.
-Each is the median of 9 rounds, the variants interleaved within each round."""
+Each is the median of 9 rounds, the variants interleaved within each round. Then PyTorch's own calls with
+ATen's CUDA kernels and with gnext's behind them (enable_aten_kernels), the two alternating round by round."""
 from __future__ import annotations
 
 import argparse
@@ -59,6 +60,19 @@ def cases(shape, dtype, G):
           "GN+SiLU: gnext group_norm_act": lambda: ge.group_norm_act(xg, G, w, b, activation="silu").backward(g),
           "GN+SiLU: F.silu(F.group_norm)": lambda: F.silu(F.group_norm(xg, G, w, b)).backward(g)}
     return fwd, fb
+
+
+def host_us_aten(fns, n, sync_inside, rounds=9):
+    """Host us per call of each callable with ATen's kernels and with gnext's behind aten::native_group_norm
+    (groupnorm_ext.enable_aten_kernels), the two settings alternating round by round (switched outside the
+    clock); median over rounds per setting."""
+    res = {"aten": {k: [] for k in fns}, "gnext": {k: [] for k in fns}}
+    for r in range(2 * rounds):
+        setting = ("aten", "gnext")[r % 2]
+        with ge.aten_kernels(setting == "gnext"):
+            for k, t in host_us(fns, n, sync_inside, rounds=1).items():
+                res[setting][k].append(t)
+    return {s: {k: statistics.median(v) for k, v in d.items()} for s, d in res.items()}
 
 
 def op_calls(shape, dtype, G):
@@ -124,6 +138,28 @@ def main():
         for i in range(0, len(keys), 2):  # gnext row, then its PyTorch counterpart
             a, b = rows[keys[i]], rows[keys[i + 1]]
             print(f"  {keys[i]:52s} {a:8.1f}   vs {keys[i + 1].split('| ')[1]:28s} {b:8.1f}   ratio {a / b:5.2f}")
+    print("PyTorch's own calls (F.group_norm, F.silu(F.group_norm)) with ATen's kernels vs with gnext's behind "
+          "aten::native_group_norm (enable_aten_kernels), host us per call, median of 9 rounds each, alternating")
+    for label, shape, dtype, G, n, sync_inside in (("2x32x8x8 fp32 G=8 (wall/call)", (2, 32, 8, 8), torch.float32, 8,
+                                                    300, True),
+                                                   ("2x320x64x64 fp16 G=32 (enqueue/call)", (2, 320, 64, 64),
+                                                    torch.float16, 32, 30, False),
+                                                   ("8x256x32x32 bf16 G=32 (enqueue/call)", (8, 256, 32, 32),
+                                                    torch.bfloat16, 32, 30, False)):
+        fwd, fb = cases(shape, dtype, G)
+        torch_calls = lambda d: {k: v for k, v in d.items() if "F." in k}  # noqa: E731
+        with torch.no_grad():
+            t_fwd = host_us_aten(torch_calls(fwd), n, sync_inside)
+        t_fb = host_us_aten(torch_calls(fb), n, sync_inside)
+        print(label)
+        rows = {}
+        for what, t in (("forward, no grad", t_fwd), ("forward+backward", t_fb)):
+            for k in t["aten"]:
+                a, g = t["aten"][k], t["gnext"][k]
+                rows[f"{what} | {k}"] = {"aten kernels": a, "gnext kernels (enable_aten_kernels)": g}
+                print(f"  {what:17s} {k.split(': ')[1]:22s} ATen kernels {a:8.1f}   gnext kernels {g:8.1f}"
+                      f"   ratio {g / a:5.2f}")
+        res[f"{label} | enable_aten_kernels"] = rows
     if args.ops:
         print("op calls, host us per call (2x32x8x8 fp32 G=8, wall with the GPU synchronized; "
               "median of 9 interleaved rounds)")
