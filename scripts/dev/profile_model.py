@@ -2,8 +2,9 @@
 """Where a real model's eager step spends its time, original vs converted (gnext), in one process.
 
 For one row of scripts/bench/real_models.py (default: the UNet2DModel bf16 training step), eager
-original vs converted, or with --compiled torch.compile(original) without and with
-enable_compile_fusion():
+original vs converted, with --aten eager original with ATen's kernels vs with enable_aten_kernels()
+(the same unedited model; the switch happens outside every timing), or with --compiled
+torch.compile(original) without and with enable_compile_fusion():
   * wall time per step, the two variants interleaved over --rounds rounds (median [min..max]);
   * host time per step: the time until the step's Python call returns, the GPU synchronized only
     before (the GPU runs behind, so this is what the host spends enqueuing);
@@ -14,13 +15,14 @@ enable_compile_fusion():
     GEMM; attention; the rest), which bounds what a faster GroupNorm can gain.
   * with --kernels: every GPU kernel of both variants by name, per step (time and launches), the
     gnext kernels and the kernels whose time differs most between the variants.
-  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled]
+  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled | --aten]
                                       [--fusion-when always] [--kernels 40]
                                       [--stacks aten::copy_,aten::empty_strided]
 Diagnostic; the product table comes from scripts/bench/real_models.py."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -116,6 +118,8 @@ def main():
                    help="torch.compile(original) without and with enable_compile_fusion() instead of eager")
     p.add_argument("--fusion-when", choices=("auto", "always"), default="auto",
                    help="with --compiled: enable_compile_fusion(when=...); 'always' rewrites training graphs too")
+    p.add_argument("--aten", action="store_true",
+                   help="'gnext' = the original model with groupnorm_ext.enable_aten_kernels() instead of converted")
     p.add_argument("--kernels", type=int, default=0,
                    help="list the N GPU kernels whose per-step time differs most between the variants")
     args = p.parse_args()
@@ -139,18 +143,25 @@ def main():
             ge.disable_compile_fusion()
         print(f"compiled: 'eager' = torch.compile(original), 'gnext' = with enable_compile_fusion() "
               f"({compile_fusion.compile_fusion_stats['group_norm_act'] - before} rewrites)")
+    elif args.aten:
+        fns = {"eager": step_fn(orig, inputs, train), "gnext": step_fn(orig, inputs, train)}
+        print("'eager' = original with ATen's kernels, 'gnext' = the same model with enable_aten_kernels()")
     else:
         fns = {"eager": step_fn(orig, inputs, train), "gnext": step_fn(conv, inputs, train)}
-    for f in fns.values():
-        for _ in range(3):
-            f()
+    # The kernels' switch (--aten) is made around each timing or profile, never inside one.
+    ctx = {"eager": contextlib.nullcontext, "gnext": ge.aten_kernels if args.aten else contextlib.nullcontext}
+    for v, f in fns.items():
+        with ctx[v]():
+            for _ in range(3):
+                f()
     sync = torch.cuda.synchronize
     n = max(1, int(300 / max(wall_ms(fns["eager"], sync, 1), 1e-3)))
     wall, host = defaultdict(list), defaultdict(list)
     for r in range(args.rounds):
         for v in (("eager", "gnext") if r % 2 == 0 else ("gnext", "eager")):
-            wall[v].append(wall_ms(fns[v], sync, n))
-            host[v].append(host_ms(fns[v]))
+            with ctx[v]():
+                wall[v].append(wall_ms(fns[v], sync, n))
+                host[v].append(host_ms(fns[v]))
     for v in fns:
         print(f"{v:6s} wall {statistics.median(wall[v]):7.2f} ms [{min(wall[v]):.2f}..{max(wall[v]):.2f}]  "
               f"host (enqueue) {statistics.median(host[v]):7.2f} ms [{min(host[v]):.2f}..{max(host[v]):.2f}]")
@@ -159,7 +170,8 @@ def main():
     for v, f in fns.items():
         if stacks:
             print(f"{v}:")
-        prof[v] = profile(f, args.steps, stacks)
+        with ctx[v]():
+            prof[v] = profile(f, args.steps, stacks)
     for v, (cpu, count, gpu, kern, _) in prof.items():
         fam = defaultdict(float)
         for k, t in kern.items():
