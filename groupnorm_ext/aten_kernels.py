@@ -19,6 +19,9 @@ What changes and what does not:
 * The output is computed as gnext computes it (Wu & He 2018; float32 Welford statistics, no float atomics:
   bitwise reproducible); the layout rules are PyTorch's (F.group_norm makes a CUDA input NCHW-contiguous
   first, and its backward makes the upstream gradient contiguous).
+* float64, which gnext's kernels do not take, runs the same formula through ATen ops (``gradcheck`` keeps
+  working); other dtypes raise gnext's error naming the dtype, as do C % G != 0 and a weight/bias not of
+  shape (C,).
 * GroupNorm + activation fusion needs gnext's own ops (:func:`groupnorm_ext.convert_group_norm_act`,
   whose autograd is Python); this path runs the activation as PyTorch does.
 
