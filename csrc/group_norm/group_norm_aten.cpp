@@ -29,11 +29,13 @@ ScalarType aten_stats_dtype(const Tensor& x, const OptTensor& w, const OptTensor
   return mixed ? ScalarType::Float : x.scalar_type();
 }
 
-// `t` with n*g elements as a float32 (n, g) tensor, or in `dtype` (one launch for both tensors).
+// mean and rstd (n*g elements each) as (n, g) tensors of `dtype`: themselves when they have it, else converted
+// in one launch on their device.
 std::pair<Tensor, Tensor> cast_stats(const Tensor& mean, const Tensor& rstd, ScalarType dtype, int64_t n, int64_t g) {
   if (mean.scalar_type() == dtype && rstd.scalar_type() == dtype) return {mean, rstd};
   GNEXT_CHECK(mean.scalar_type() == rstd.scalar_type(), kBwd, ": mean (", mean.scalar_type(), ") and rstd (",
               rstd.scalar_type(), ") must have the same dtype");
+  DeviceGuard guard(mean);
   const Tensor m = contig(mean), r = contig(rstd);
   Tensor mo = empty_on(m, {n, g}, dtype), ro = empty_on(m, {n, g}, dtype);
   GNEXT_CUDA_CHECK(gn::launch_cast_stats(scalar_kind(m.scalar_type()), scalar_kind(dtype), m.data_ptr(), r.data_ptr(),
@@ -121,7 +123,6 @@ std::tuple<Tensor, Tensor, Tensor> native_group_norm_cuda(const Tensor& input, c
   if (input.scalar_type() == ScalarType::Double) return f64::forward(input, weight, bias, N, C, HxW, group, eps);
   auto [y, mean, rstd] = group_norm_cuda_pre(kFwd, x, group, weight, bias, eps, Pointwise{});
   if (x.dim() != input.dim()) y = torch::stable::reshape(y, input.sizes());
-  DeviceGuard guard(input);
   auto [m, r] = cast_stats(mean, rstd, aten_stats_dtype(input, weight, bias), N, group);
   return {y, m, r};
 }
@@ -137,7 +138,6 @@ std::tuple<Tensor, Tensor, Tensor> native_group_norm_backward_cuda(const Tensor&
   const Tensor dy = x.dim() == input.dim() ? grad_out : torch::stable::reshape(grad_out, x.sizes());
   GNEXT_CHECK(mean.numel() == N * group && rstd.numel() == N * group, kBwd, ": mean and rstd must have N*G = ",
               N * group, " elements, got shapes ", shape(mean), " and ", shape(rstd));
-  DeviceGuard guard(input);
   const auto [m, r] = cast_stats(mean, rstd, ScalarType::Float, N, group);
   auto [dx, dw, db] = group_norm_backward_cuda_pre(kBwd, dy, x, m, r, weight, group,
                                                    mask_array<3>(kBwd, output_mask), Pointwise{});
