@@ -707,12 +707,14 @@ def test_gpu_small_groups_large_mean(offset, scale):
 @pytest.mark.parametrize("case", [((64, 512, 1, 1), 32, CL), ((64, 64, 4, 4), 1, None), ((32, 256, 7, 7), 32, None),
                                   ((40, 640, 7, 7), 10, None)], ids=_ids)
 def test_gpu_small_groups_one_launch(case):
-    """The small-group forward is one kernel (GroupNorm and GroupNorm+SiLU with a residual), no memset."""
+    """The small-group forward is one kernel (GroupNorm, GroupNorm+SiLU with a residual, GroupNorm+GELU), no
+    memset."""
     shape, G, fmt = case
     x = rand_input(shape, torch.bfloat16, "cuda", memory_format=fmt)
     w = torch.rand(shape[1], device="cuda", dtype=torch.bfloat16) + 0.5
     for fn in (lambda: torch.ops.gnext.group_norm(x, G, w, w, 1e-5),
-               lambda: torch.ops.gnext.group_norm_act(x, G, w, w, 1e-5, "silu", x)):
+               lambda: torch.ops.gnext.group_norm_act(x, G, w, w, 1e-5, "silu", x),
+               lambda: torch.ops.gnext.group_norm_act(x, G, w, w, 1e-5, "gelu", None)):
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             fn()
@@ -727,7 +729,8 @@ def test_gpu_small_groups_one_launch(case):
                                   ((40, 640, 7, 7), 10, None), ((48, 512, 8, 8), 8, None)], ids=_ids)
 def test_gpu_small_groups_backward(case):
     """The small-group backward: two kernels (dx and the per-channel sums, then dgamma/dbeta), no memset, for
-    GroupNorm and GroupNorm+SiLU; bitwise the same from run to run; every output mask against float64."""
+    GroupNorm, GroupNorm+SiLU and GroupNorm+GELU; bitwise the same from run to run; every output mask against
+    float64."""
     shape, G, fmt = case
     gen = torch.Generator().manual_seed(23)
     x = rand_input(shape, torch.bfloat16, "cuda", memory_format=fmt, gen=gen)
@@ -735,7 +738,8 @@ def test_gpu_small_groups_backward(case):
     dy = rand_input(shape, torch.bfloat16, "cuda", scale=1.0, offset=0.5, memory_format=fmt, gen=gen)
     _, mean, rstd = torch.ops.gnext.group_norm(x, G, w, w, 1e-5)
     calls = (lambda: torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True]),
-             lambda: torch.ops.gnext.group_norm_act_backward(dy, x, mean, rstd, w, w, G, "silu", [True, True, True]))
+             lambda: torch.ops.gnext.group_norm_act_backward(dy, x, mean, rstd, w, w, G, "silu", [True, True, True]),
+             lambda: torch.ops.gnext.group_norm_act_backward(dy, x, mean, rstd, w, w, G, "gelu", [True, True, True]))
     for fn in calls:
         first = fn()
         torch.cuda.synchronize()

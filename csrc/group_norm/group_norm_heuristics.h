@@ -413,7 +413,7 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
 // Groups of more than kSmallMaxVecs vectors, up to 8 per thread of a CTA (32 KB of fp16/bf16, 8 KB elements of
 // fp32): a CTA per group (lanes_log2 = kSmallCtaLog2), its sums through shared memory, where there are at least
 // kSmallCtaMinSms groups per SM (GNEXT_SMALL_CTA_MIN=n: n): ResNet-GN maps at batch 32, UNet2DModel's at batch 8
-// (the SD UNets' N = 2 maps have 64 groups); identity, SiLU and ReLU only (small_sized_act). It replaces the
+// (the SD UNets' N = 2 maps have 64 groups); identity, SiLU, ReLU and GELU only (small_cta_act). It replaces the
 // one-pass forward and the two-pass backward (four kernels; scalar where HxW is not a multiple of the vector).
 // H100 kernel µs forward / backward with the inputs in DRAM (L2 flushed), GNEXT_SMALL_CTA=0 -> 2
 // (profile_kernels.py --summary --flush; bench_results/small_cta_flush_h100.log, small_cta_flush2_h100.log,
@@ -439,7 +439,7 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, ScalarType 
   g.vec = V;
   const bool cta_plan = nvec > kSmallMaxVecs;
   if (cta_plan) {  // a CTA per group (kSmallCtaMinSms above)
-    if (!small_sized_act(act)) return std::nullopt;
+    if (!small_cta_act(act)) return std::nullopt;
     const int cta = env_int("GNEXT_SMALL_CTA", kSmallCtaDefault);
     const bool fits = nvec <= int64_t{kSmallThreads} * (kSmallMaxVecs / 32) &&
                       p.N * p.G >= env_int("GNEXT_SMALL_CTA_MIN", kSmallCtaMinSms) * device_props().multiProcessorCount;

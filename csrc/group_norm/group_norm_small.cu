@@ -335,8 +335,17 @@ cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& 
       using Warp = std::false_type;
       using Cta = std::true_type;
       using K8 = std::integral_constant<int, 8>;
-      if constexpr (!small_sized_act(decltype(aa)::value)) {  // 8 vector registers per lane, warps only
-        return g.kreg == 8 && !cta ? f(tt, aa, K8{}, Warp{}) : cudaErrorInvalidValue;
+      if constexpr (!small_sized_act(decltype(aa)::value)) {  // warps: 8 vector registers per lane only
+        if (!cta) return g.kreg == 8 ? f(tt, aa, K8{}, Warp{}) : cudaErrorInvalidValue;
+        if constexpr (small_cta_act(decltype(aa)::value)) {
+          switch (g.kreg) {
+            case 2: return f(tt, aa, std::integral_constant<int, 2>{}, Cta{});
+            case 4: return f(tt, aa, std::integral_constant<int, 4>{}, Cta{});
+            case 8: return f(tt, aa, K8{}, Cta{});
+            default: return cudaErrorInvalidValue;
+          }
+        }
+        return cudaErrorInvalidValue;
       } else {
         switch (g.kreg * 2 + cta) {  // a CTA-wide group has more than 256 vectors: K >= 2
           case 2: return f(tt, aa, std::integral_constant<int, 1>{}, Warp{});

@@ -27,6 +27,9 @@ run "two-pass bwd elementwise 16x64x512x512 fp32" affine 16,64,512,512 8 float32
 # channels_last, two-pass forward
 run "two-pass fwd reduce UNet 16x512x128x128 bf16 CL" reduce 16,512,128,128 32 bfloat16 cl fwd
 run "two-pass fwd elementwise UNet 16x512x128x128 bf16 CL" affine 16,512,128,128 32 bfloat16 cl fwd
+# channels_last VAE map (every group spans the image: the two-pass kernels' 2R + 1W cap)
+run "two-pass fwd reduce VAE 1x128x1024x1024 fp16 CL" reduce 1,128,1024,1024 32 float16 cl fwd
+run "two-pass fwd elementwise VAE 1x128x1024x1024 fp16 CL" affine 1,128,1024,1024 32 float16 cl fwd
 # one-pass backward, ResNet
 run "one-pass bwd ResNet 32x256x56x56 bf16" onepass 32,256,56,56 32 bfloat16 nchw bwd
 grep -E "^########|Duration|DRAM Throughput|Achieved Occupancy|dram__bytes|stalled_|Registers Per|Grid Size|==ERROR" "$log"
