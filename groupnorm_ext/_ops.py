@@ -59,6 +59,14 @@ def _fused_compute_format(input: torch.Tensor) -> torch.memory_format:
     return torch.channels_last if input.device.type == "cuda" else _suggest_format(input)
 
 
+def _fused_out_format(input: torch.Tensor) -> torch.memory_format:
+    """The layout of the fused op's output: the input's (on CUDA, channels_last where the input is dense in
+    channels_last, else NCHW: out_is_nchw in csrc/conv_gelu_gn/conv_gelu_gn_cuda.cpp)."""
+    if input.device.type == "cuda":
+        return torch.channels_last if input.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    return _suggest_format(input)
+
+
 @torch.library.register_fake("gnext::conv_transpose2d_gelu_group_norm")
 def _conv_transpose2d_gelu_group_norm_fake(input, weight, conv_bias, stride, padding, output_padding, dilation,
                                            groups, num_groups, gn_weight, gn_bias, eps, approximate):
@@ -79,7 +87,8 @@ def _conv_transpose2d_gelu_group_norm_fake(input, weight, conv_bias, stride, pad
         input_cl = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=torch.channels_last)
     else:
         input_cl = input.new_empty((0,))
-    return _empty_like_input(z), z, stats, torch.empty_like(stats), input_cl
+    out = torch.empty(z.shape, dtype=z.dtype, device=z.device, memory_format=_fused_out_format(input))
+    return out, z, stats, torch.empty_like(stats), input_cl
 
 
 @torch.library.register_fake("gnext::conv_transpose2d_gelu_group_norm_backward")

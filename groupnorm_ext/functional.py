@@ -76,10 +76,11 @@ def conv_transpose2d_gelu_group_norm(
     padding, output_padding, groups, dilation), approximate=approximate), num_groups, gn_weight,
     gn_bias, eps)`` (GroupNorm: Wu & He 2018, biased variance; GELU: ``x * Phi(x)``, or its tanh
     approximation). The transposed convolution runs in ATen/cuDNN without its bias and follows
-    ``torch.backends.cudnn.allow_tf32`` for float32 like PyTorch. On CUDA everything runs in
-    channels_last, where cuDNN's transposed conv is 2x faster on the H100: the output (and
-    grad_input) is channels_last whatever the input's layout (same values; NCHW input costs one layout
-    copy). On the CPU the input's layout is kept. The bias add, GELU and GroupNorm
+    ``torch.backends.cudnn.allow_tf32`` for float32 like PyTorch. On CUDA the conv runs in
+    channels_last, where cuDNN's transposed conv is 2x faster on the H100 (an NCHW input costs one
+    layout copy); the output has the input's layout, as the unfused modules would give it: NCHW for an
+    NCHW input (written by the normalizing pass itself), channels_last for a channels_last one.
+    grad_input is channels_last on CUDA. On the CPU the input's layout is kept. The bias add, GELU and GroupNorm
     then run in gnext's GroupNorm kernels as an input prologue: the activation ``gelu(z + b)`` is
     never written to memory. The backward fuses the GroupNorm and GELU backward in one kernel family,
     then computes the conv's input and weight gradients through ATen.
@@ -95,7 +96,7 @@ def conv_transpose2d_gelu_group_norm(
 
     Returns:
         ``(N, C_out, H_out, W_out)``, ``H_out = (H - 1) * stride - 2 * padding + dilation * (kH - 1)
-        + output_padding + 1``; channels_last on CUDA.
+        + output_padding + 1``; channels_last if the input is channels_last, else NCHW-contiguous.
 
     Raises:
         RuntimeError: bad shapes, dtypes or devices (the message names the argument), C_out not

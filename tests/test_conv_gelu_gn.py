@@ -76,6 +76,7 @@ def test_matches_float64_reference(device, dtype, fmt, case):
     ref, ref_grads = _reference(case, x, w, cb, gw, gb, dy)
     ftol, btol = TOL[dtype]
     assert y.shape == ref.shape and y.dtype == dtype
+    assert y.is_contiguous(memory_format=fmt or torch.contiguous_format)  # the input's layout
     assert torch.isfinite(y).all()
     assert rel_err(y.cpu(), ref) <= ftol, rel_err(y.cpu(), ref)
     for name, g, r in zip(("input", "weight", "conv_bias", "gn_weight", "gn_bias"), grads, ref_grads):
@@ -84,6 +85,36 @@ def test_matches_float64_reference(device, dtype, fmt, case):
             assert g.shape == r.shape and torch.isfinite(g).all(), name
             err = rel_err(g.cpu(), r)
             assert err <= btol, f"grad {name}: relative error {err:.2e} > {btol:.0e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cout,G", [(64, 8), (12, 3), (40, 5), (1024, 32)])
+def test_nchw_input_nchw_output(cout, G, dtype):
+    """An NCHW input gives an NCHW-contiguous output, written by the elementwise pass through its shared-memory
+    tile (C_out 64: 16-byte channel vectors; 12: 16-byte (fp32) or scalar (bf16) vectors; 40 with a 71x9 output
+    map: a partial last tile; 1024: too wide for the tiles, computed channels_last and copied), with the
+    values of the channels_last output of the same input in channels_last and of the float64 reference."""
+    H, W = (69, 7) if cout == 40 else (9, 7)
+    case = (2, 16, cout, H, W, 3, 1, 0, 0, 1, 1, G, "none", True, True)
+    gen = torch.Generator().manual_seed(cout)
+    x = rand_input((2, 16, H, W), dtype, "cuda", scale=1.0, offset=0.5, gen=gen)
+    w, cb, gw, gb = _params(case, dtype, "cuda", gen)
+    poison("cuda", 8 * 2 * cout * (H + 2) * (W + 2))
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        names = _conv_kernels(lambda: ge.conv_transpose2d_gelu_group_norm(x, w, cb, G, gw, gb))
+        y = ge.conv_transpose2d_gelu_group_norm(x, w, cb, G, gw, gb)
+        y_cl = ge.conv_transpose2d_gelu_group_norm(x.contiguous(memory_format=CL), w, cb, G, gw, gb)
+    finally:
+        torch.backends.cudnn.allow_tf32 = True
+    assert y.is_contiguous() and y_cl.is_contiguous(memory_format=CL)
+    tiled = cout != 1024
+    assert any("out_nchw" in n for n in names) == tiled, names
+    torch.testing.assert_close(y, y_cl, rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-5)
+    xd, wd, cbd, gwd, gbd = (t.cpu().double() for t in (x, w, cb, gw, gb))
+    ref = F.group_norm(F.gelu(F.conv_transpose2d(xd, wd, cbd)), G, gwd, gbd, 1e-5)
+    assert rel_err(y.cpu(), ref) <= TOL[dtype][0]
 
 
 @pytest.mark.gpu
@@ -135,7 +166,7 @@ def test_hopper_conv_matches_float64_reference(case, fmt, monkeypatch):
     monkeypatch.setenv("GNEXT_CONV", "cutlass")
     x, w, cb, gw, gb, dy, y, grads = _run(case, torch.float32, "cuda", fmt, seed=11)
     ref, ref_grads = _reference(case, x, w, cb, gw, gb, dy)
-    assert torch.isfinite(y).all()
+    assert torch.isfinite(y).all() and y.is_contiguous(memory_format=fmt or torch.contiguous_format)
     assert rel_err(y.cpu(), ref) <= 5e-3, rel_err(y.cpu(), ref)
     for name, g, r in zip(("input", "weight", "conv_bias", "gn_weight", "gn_bias"), grads, ref_grads):
         if g is not None:

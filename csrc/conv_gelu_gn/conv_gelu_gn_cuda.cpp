@@ -13,7 +13,10 @@
 // The backward runs the GroupNorm backward with the GELU backward fused (one kernel family writes dz),
 // then the conv's data and weight gradients through ATen. An input that is not channels_last is
 // transposed once: the forward returns that copy (input_cl) and autograd hands it to the backward as
-// its `input`, whose weight gradient needs it in channels_last. CPU kernels and autograd:
+// its `input`, whose weight gradient needs it in channels_last. The output has the input's layout: an
+// input dense in channels_last gives a channels_last out, any other an NCHW-contiguous one, written by the
+// elementwise pass itself (PwArgs::out_nchw: a shared-memory tile per CTA, no extra pass); an NCHW
+// upstream gradient is read in place by the backward (PwArgs::dy_nchw). CPU kernels and autograd:
 // groupnorm_ext/_cpu.py, _autograd.py.
 #include <Python.h>
 
@@ -34,7 +37,7 @@ using torch::stable::detail::to;
 
 // The op computes in channels_last on CUDA, where cuDNN's channels_last transposed-conv kernels
 // beat NCHW by more than the layout change costs (H100, L2#19: conv 2.87 vs 6.18 ms,
-// docs/kernels.md); out, z and grad_input are channels_last.
+// docs/kernels.md); z and grad_input are channels_last, out has the input's layout (out_is_nchw).
 constexpr MemoryFormat kFormat = MemoryFormat::ChannelsLast;
 
 constexpr const char* kOp = "gnext.conv_transpose2d_gelu_group_norm";
@@ -148,6 +151,10 @@ std::optional<conv_sm90::ConvProblem> sm90_problem(const Tensor& input, const Te
   return p;
 }
 
+// The op's out is NCHW-contiguous unless the input is dense in kFormat (the rule of the fake kernel in
+// groupnorm_ext/_ops.py, _fused_out_format).
+bool out_is_nchw(const Tensor& input) { return !is_dense_in(input, kFormat); }
+
 // The op's input_cl output: x (the input in kFormat) where the input was not dense in kFormat, else an
 // empty (0,) tensor (the rule of the fake kernel in groupnorm_ext/_ops.py).
 Tensor input_cl_output(const Tensor& input, const Tensor& x) {
@@ -191,7 +198,7 @@ Outputs fused_sm90(const conv_sm90::ConvProblem& p, const Tensor& input,
                                              defined(gw) ? ptr<float>(*gw) : nullptr,
                                              defined(gb) ? ptr<float>(*gb) : nullptr, static_cast<float>(eps),
                                              ptr<float>(mean), ptr<float>(rstd), ptr<float>(coef), stream));
-  Tensor out = group_norm_affine_cuda(z, s, coef, pro);
+  Tensor out = group_norm_affine_cuda(z, s, coef, pro, out_is_nchw(input));
   return {out, z, mean, rstd, input_cl_output(input, x_cl)};
 }
 
@@ -215,7 +222,7 @@ Outputs fused_cuda(const Tensor& input, const Tensor& weight,
                        IntArrayRef(stride), IntArrayRef(padding), IntArrayRef(output_padding), groups,
                        IntArrayRef(dilation));
   const Tensor z = dense_in(to<Tensor>(st[0]), kFormat);
-  auto [out, mean, rstd] = group_norm_cuda_pre(kOp, z, num_groups, gn_weight, gn_bias, eps, pro);
+  auto [out, mean, rstd] = group_norm_cuda_pre(kOp, z, num_groups, gn_weight, gn_bias, eps, pro, out_is_nchw(input));
   return {out, z, mean, rstd, input_cl_output(input, x_cl)};
 }
 

@@ -159,10 +159,11 @@ std::array<bool, K> mask_array(const char* op, const std::vector<bool>& m) {
 // Kernel element type of a dtype (float32, float16, bfloat16); raises for any other.
 gn::ScalarKind scalar_kind(ScalarType t);
 
-// CUDA GroupNorm with a prologue (group_norm_cuda.cpp); `op` names the caller in messages.
+// CUDA GroupNorm with a prologue (group_norm_cuda.cpp); `op` names the caller in messages. out_nchw: the output
+// NCHW-contiguous whatever the input's layout (no residual), else in the input's layout.
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
-                                                       const Pointwise& pro);
+                                                       const Pointwise& pro, bool out_nchw = false);
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
     const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro);
@@ -175,8 +176,10 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
 //    want_coef, coef (N, C, 4) = (mean, c2, rstd*gamma, c3) with dx = rstd*gamma*dy + c2*(x - mean) + c3.
 std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x, const GNShape& s, const Tensor& shift, double eps);
 //  * the elementwise pass of the two-pass forward: out = coef.y * (a - coef.x) + coef.w per (n, c),
-//    a = x or the prologue's act(x + bias); x dense (contiguous or channels_last), out in its format.
-Tensor group_norm_affine_cuda(const Tensor& x, const GNShape& s, const Tensor& coef, const Pointwise& pro);
+//    a = x or the prologue's act(x + bias); x dense (contiguous or channels_last), out in its format (out_nchw:
+//    NCHW-contiguous).
+Tensor group_norm_affine_cuda(const Tensor& x, const GNShape& s, const Tensor& coef, const Pointwise& pro,
+                              bool out_nchw = false);
 Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const GNShape& s, const Tensor& mean,
                                      const Tensor& rstd, const OptTensor& weight, const OptTensor& dgamma,
                                      const OptTensor& dbeta, bool want_coef);

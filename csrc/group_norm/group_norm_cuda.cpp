@@ -88,13 +88,14 @@ bool onepass_allows(const Pointwise& pro, bool nhwc) {
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
-                                                       const Pointwise& pro) {
+                                                       const Pointwise& pro, bool out_nchw) {
   const GNShape s = check_group_norm_args(op, input, num_groups, weight, bias);
   check_pointwise(op, input, pro);
+  GNEXT_CHECK(!out_nchw || !defined(pro.residual), op, ": an NCHW output takes no residual");
   const Problem p = to_problem(s);
   DeviceGuard guard(input);
   const Tensor x_in = dense_input(input);
-  Tensor out = empty_as(input, group_norm_memory_format(input));
+  Tensor out = empty_as(input, out_nchw ? MemoryFormat::Contiguous : group_norm_memory_format(input));
   Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
   Tensor rstd = empty_on(input, {s.N, s.G}, ScalarType::Float);
   if (input.numel() == 0) {
@@ -113,7 +114,12 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   // channels_last: the result is computed into a contiguous y and copied).
   const bool relayout = !nhwc && !x_in.is_contiguous();
   const Tensor x = relayout ? contig(x_in) : x_in;
-  Tensor y = relayout ? empty_as(x, MemoryFormat::Contiguous) : out;
+  // y: what the kernels write, contiguous for the NCHW kernels (copied into a channels_last out), out's own
+  // layout for the NHWC ones. out_nchw with the NHWC kernels: the two-pass elementwise pass writes out
+  // directly (PwArgs::out_nchw, with a prologue); the other NHWC plans write x's layout into a temporary.
+  const bool y_copy = relayout && !out_nchw;
+  Tensor y = y_copy ? empty_as(x, MemoryFormat::Contiguous) : out;
+  const bool nhwc_out_nchw = nhwc && out_nchw;
   const ScalarKind t = scalar_kind(input.scalar_type());
   const Tensor res = defined(pro.residual) ? dense_in(*pro.residual, suggest_format(x)) : Tensor();
   const void* res_ptr = res.defined() ? res.data_ptr() : nullptr;
@@ -125,13 +131,15 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   auto run_persistent = [&](int64_t n_partial, const Counters& counters,
                             auto&& launch) -> std::tuple<Tensor, Tensor, Tensor> {
     Scratch ws = scratch(x, n_partial, stream);
+    const Tensor yk = nhwc_out_nchw ? empty_as(x, group_norm_memory_format(x)) : y;
     OnePassArgs a{};
-    a.x = x.data_ptr(), a.out = y.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
+    a.x = x.data_ptr(), a.out = yk.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
     a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ws.take(n_partial);
     a.counters = counters.ptr, a.eps = static_cast<float>(eps), a.pw = pw;
     GNEXT_CUDA_CHECK(launch(a));
-    if (relayout) copy_into(out, y);
+    if (y_copy) copy_into(out, y);
+    if (nhwc_out_nchw) copy_into(out, yk);
     return {out, mean, rstd};
   };
   // Groups of at most 4 KB: held in registers by a few lanes of a warp, one launch, no scratch.
@@ -169,9 +177,13 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), p, partial_layout(p, rg),
                                              partial, ptr_or_null(w), ptr_or_null(b), ptr<float>(mean),
                                              ptr<float>(rstd), coef, static_cast<float>(eps), nullptr, stream));
-  GNEXT_CUDA_CHECK(gn::launch_affine(false, t, p, affine_geometry(p, nhwc, V), x.data_ptr(), nullptr, y.data_ptr(),
-                                   coef, pw, stream));
-  if (relayout) copy_into(out, y);
+  const AffineGeometry ag = affine_geometry(p, nhwc, V);
+  gn::PwArgs pw_out = pw;
+  pw_out.out_nchw = nhwc_out_nchw && pro.kind != kPreNone && gn::affine_out_nchw_fits(ag, s.C, x.element_size());
+  const Tensor yk = nhwc_out_nchw && !pw_out.out_nchw ? empty_as(x, group_norm_memory_format(x)) : y;
+  GNEXT_CUDA_CHECK(gn::launch_affine(false, t, p, ag, x.data_ptr(), nullptr, yk.data_ptr(), coef, pw_out, stream));
+  if (y_copy) copy_into(out, y);
+  if (nhwc_out_nchw && !pw_out.out_nchw) copy_into(out, yk);
   return {out, mean, rstd};
 }
 
@@ -315,15 +327,20 @@ std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const GNSha
   return {mean, rstd};
 }
 
-Tensor group_norm_affine_cuda(const Tensor& x, const GNShape& s, const Tensor& coef, const Pointwise& pro) {
+Tensor group_norm_affine_cuda(const Tensor& x, const GNShape& s, const Tensor& coef, const Pointwise& pro,
+                              bool out_nchw) {
   const Problem p = to_problem(s);
-  Tensor out = empty_as(x, group_norm_memory_format(x));
+  Tensor out = empty_as(x, out_nchw ? MemoryFormat::Contiguous : group_norm_memory_format(x));
   if (x.numel() == 0) return out;
   const bool nhwc = !x.is_contiguous();  // x is dense: channels_last, or contiguous
   const int V = vector_width(x.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), out.data_ptr()});
-  GNEXT_CUDA_CHECK(gn::launch_affine(false, scalar_kind(x.scalar_type()), p, affine_geometry(p, nhwc, V),
-                                     x.data_ptr(), nullptr, out.data_ptr(), ptr<float>(coef),
-                                     pw_args(pro, Tensor(), nullptr, std::nullopt, std::nullopt), current_stream(x)));
+  const AffineGeometry ag = affine_geometry(p, nhwc, V);
+  gn::PwArgs pw = pw_args(pro, Tensor(), nullptr, std::nullopt, std::nullopt);
+  pw.out_nchw = nhwc && out_nchw && pro.kind != kPreNone && gn::affine_out_nchw_fits(ag, s.C, x.element_size());
+  const Tensor y = nhwc && out_nchw && !pw.out_nchw ? empty_as(x, group_norm_memory_format(x)) : out;
+  GNEXT_CUDA_CHECK(gn::launch_affine(false, scalar_kind(x.scalar_type()), p, ag, x.data_ptr(), nullptr,
+                                     y.data_ptr(), ptr<float>(coef), pw, current_stream(x)));
+  if (y.data_ptr() != out.data_ptr()) copy_into(out, y);
   return out;
 }
 

@@ -142,6 +142,15 @@ cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const Aff
         const float4* k = reinterpret_cast<const float4*>(coef);
         const dim3 grid(g.grid_x, g.grid_y);
         if (g.nhwc) {
+          if constexpr (!HasDy && pw_pre(P) != kPreNone) {  // NCHW out (the fused conv op of an NCHW input)
+            if (pw.out_nchw) {
+              if (!affine_out_nchw_fits(g, p.C, sizeof(T)) || pw.residual != nullptr) return cudaErrorInvalidValue;
+              return launch_dependent(affine_nhwc_out_nchw_kernel<T, V, P>, grid, dim3(g.threads),
+                                      affine_out_nchw_smem(p.C, kUnroll * g.rpi, sizeof(T)), stream, xp, op, k,
+                                      p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
+            }
+          }
+          if (pw.out_nchw) return cudaErrorInvalidValue;
           if constexpr (HasDy && pw_act(P) == kActIdentity) {  // NCHW dy: as in launch_reduce
             if (pw.dy_nchw) {
               return launch_dependent(affine_nhwc_kernel<T, V, HasDy, P, true>, grid, dim3(g.threads), 0, stream,
@@ -163,6 +172,7 @@ cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const Aff
                                     op, k, p.HxW, g.chunk, static_cast<int>(p.C), g.tpr, g.rpi, pw);
           }
         }
+        if (pw.out_nchw) return cudaErrorInvalidValue;  // NCHW x: out is NCHW anyway (the host leaves it unset)
         return launch_dependent(affine_nchw_kernel<T, V, HasDy, P>, grid, dim3(g.threads), 0, stream, xp, dyp, op, k,
                                 p.N * p.C, p.HxW, g.chunk, g.rows_per_cta,
                                 g.rows_per_cta > 1 ? FastDivmod(static_cast<uint32_t>(p.HxW / V)) : FastDivmod(),

@@ -662,5 +662,70 @@ __global__ void __launch_bounds__(kNhwcActBwdThreads, 3)
   affine_nhwc<T, V, true, Pw, false, true>(x, dy, out, coef, rows, rchunk, C, tpr, rpi, pw);
 }
 
+// The forward elementwise pass of an NHWC input into an NCHW output (PwArgs::out_nchw): tiles of tr = kUnroll * rpi
+// pixel rows x C channels, each thread one channel vector (tpr >= C / V) of kUnroll rows, loaded as affine_nhwc
+// does (16-byte loads along channels), normalized into a shared-memory tile, then written out channel by channel, a
+// warp per channel and consecutive lanes on consecutive pixels (128-byte runs of fp32). Two tiles: the next tile's
+// loads are issued before the current one is written out, one barrier per tile. grid and chunks as affine_nhwc;
+// the CTA's C coefficients and prologue biases are staged in shared memory first; smem:
+// affine_out_nchw_smem(C, tr, sizeof(T)) bytes. No residual.
+template <typename T, int V, int Pw>
+__global__ void __launch_bounds__(kMaxThreads)
+    affine_nhwc_out_nchw_kernel(const T* __restrict__ x, T* __restrict__ out, const float4* __restrict__ coef,
+                                int64_t rows, int64_t rchunk, int C, int tpr, int rpi, PwArgs pw) {
+  extern __shared__ float4 out_nchw_smem[];
+  const int tr = kUnroll * rpi, ld = tr + 1;
+  float4* ks = out_nchw_smem;
+  float* pcs = reinterpret_cast<float*>(ks + C);
+  T* tiles = reinterpret_cast<T*>(pcs + C);  // tile b: channel c's rows at tiles[(b * C + c) * ld]
+  pdl_wait();  // launch_dependent: coef is written
+  const int64_t n = gridDim.x - 1 - blockIdx.x;  // backwards, as affine_nhwc
+  const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    ks[c] = coef[n * C + c];
+    pcs[c] = pw_channel<false, Pw>(pw, c);
+  }
+  __syncthreads();
+  const int lane_c = threadIdx.x % tpr, lane_r = threadIdx.x / tpr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  const bool active = lane_r < rpi && lane_c < C / V;
+  const int c0 = lane_c * V;
+  const T* xb = x + n * rows * C + c0;
+  T* ob = out + n * C * rows;
+  float xs[kUnroll][V];
+  auto load = [&](int64_t rt) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t r = rt + lane_r + u * rpi;
+      if (active && r < r1) load_vec<T, V>(xb + r * C, xs[u]);
+    }
+  };
+  if (r0 < r1) load(r0);
+  int b = 0;
+  for (int64_t rt = r0; rt < r1; rt += tr, b ^= 1) {
+    const int nr = static_cast<int>(r1 - rt < tr ? r1 - rt : tr);
+    T* tile = tiles + static_cast<int64_t>(b) * C * ld;
+    if (active) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int rr = lane_r + u * rpi;
+        if (rr < nr) {
+#pragma unroll
+          for (int j = 0; j < V; ++j)
+            tile[(c0 + j) * ld + rr] = static_cast<T>(pw_affine<false, Pw>(ks[c0 + j], xs[u][j], 0.f, pcs[c0 + j]));
+        }
+      }
+    }
+    // Tile b is complete; every thread is past its stores of tile b from two tiles ago.
+    __syncthreads();
+    if (rt + tr < r1) load(rt + tr);
+    for (int c = warp; c < C; c += nwarps) {
+      T* oc = ob + static_cast<int64_t>(c) * rows + rt;
+      const T* tc = tile + c * ld;
+      for (int rr = lane; rr < nr; rr += 32) oc[rr] = tc[rr];
+    }
+  }
+}
+
 }  // namespace gn
 }  // namespace gnext

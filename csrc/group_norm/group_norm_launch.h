@@ -98,6 +98,10 @@ struct PwArgs {
   // e.g. a loss's contiguous gradient of a channels_last output), read in place channel by channel
   // (the kernels' DyNchw instantiation) instead of being copied into the input's layout first.
   bool dy_nchw;
+  // forward, NHWC two-pass elementwise pass with a prologue (the fused conv op of an NCHW input): out is
+  // NCHW-contiguous, written through a shared-memory tile (affine_nhwc_out_nchw_kernel) instead of being
+  // copied out of the input's layout afterwards.
+  bool out_nchw;
 };
 
 struct OnePassArgs {
@@ -203,6 +207,17 @@ cudaError_t launch_small_forward(ScalarKind t, const Problem& p, const SmallGeom
                                  cudaStream_t stream);
 cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeometry& g, const OnePassArgs& a,
                                   cudaStream_t stream);
+
+// affine_nhwc_out_nchw_kernel's shared memory (C coefficients, C prologue biases, two tiles of C x (tr + 1)
+// elements) and whether a plan has it: each thread one channel vector (tpr >= C / V), tiles of kUnroll * rpi
+// rows, within 48 KB (C up to ~600 fp32 channels); else the caller computes channels_last and copies.
+constexpr size_t affine_out_nchw_smem(int64_t C, int tr, size_t esize) {
+  return static_cast<size_t>(C) * (sizeof(float4) + sizeof(float) + 2 * (tr + 1) * esize);
+}
+constexpr bool affine_out_nchw_fits(const AffineGeometry& g, int64_t C, size_t esize) {
+  return g.nhwc && static_cast<int64_t>(g.tpr) * g.vec >= C &&
+         affine_out_nchw_smem(C, kUnroll * g.rpi, esize) <= 48 * 1024;
+}
 
 // Sizes of one reduction state: Welford (mean, m2, n) forward, (sum dy*(x-mean), sum dy) backward.
 constexpr size_t kMomentsStateBytes = 3 * sizeof(float);
