@@ -177,9 +177,10 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), p, partial_layout(p, rg),
                                              partial, ptr_or_null(w), ptr_or_null(b), ptr<float>(mean),
                                              ptr<float>(rstd), coef, static_cast<float>(eps), nullptr, stream));
-  const AffineGeometry ag = affine_geometry(p, nhwc, V);
+  AffineGeometry ag = affine_geometry(p, nhwc, V);
   gn::PwArgs pw_out = pw;
   pw_out.out_nchw = nhwc_out_nchw && pro.kind != kPreNone && gn::affine_out_nchw_fits(ag, s.C, x.element_size());
+  if (pw_out.out_nchw) ag = gn::affine_out_nchw_chunks(ag, p.HxW);
   const Tensor yk = nhwc_out_nchw && !pw_out.out_nchw ? empty_as(x, group_norm_memory_format(x)) : y;
   GNEXT_CUDA_CHECK(gn::launch_affine(false, t, p, ag, x.data_ptr(), nullptr, yk.data_ptr(), coef, pw_out, stream));
   if (y_copy) copy_into(out, y);
@@ -334,9 +335,10 @@ Tensor group_norm_affine_cuda(const Tensor& x, const GNShape& s, const Tensor& c
   if (x.numel() == 0) return out;
   const bool nhwc = !x.is_contiguous();  // x is dense: channels_last, or contiguous
   const int V = vector_width(x.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), out.data_ptr()});
-  const AffineGeometry ag = affine_geometry(p, nhwc, V);
+  AffineGeometry ag = affine_geometry(p, nhwc, V);
   gn::PwArgs pw = pw_args(pro, Tensor(), nullptr, std::nullopt, std::nullopt);
   pw.out_nchw = nhwc && out_nchw && pro.kind != kPreNone && gn::affine_out_nchw_fits(ag, s.C, x.element_size());
+  if (pw.out_nchw) ag = gn::affine_out_nchw_chunks(ag, p.HxW);
   const Tensor y = nhwc && out_nchw && !pw.out_nchw ? empty_as(x, group_norm_memory_format(x)) : out;
   GNEXT_CUDA_CHECK(gn::launch_affine(false, scalar_kind(x.scalar_type()), p, ag, x.data_ptr(), nullptr,
                                      y.data_ptr(), ptr<float>(coef), pw, current_stream(x)));

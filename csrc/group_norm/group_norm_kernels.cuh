@@ -665,19 +665,26 @@ __global__ void __launch_bounds__(kNhwcActBwdThreads, 3)
 // The forward elementwise pass of an NHWC input into an NCHW output (PwArgs::out_nchw): tiles of tr = kUnroll * rpi
 // pixel rows x C channels, each thread one channel vector (tpr >= C / V) of kUnroll rows, loaded as affine_nhwc
 // does (16-byte loads along channels), normalized into a shared-memory tile, then written out channel by channel, a
-// warp per channel and consecutive lanes on consecutive pixels (128-byte runs of fp32). Two tiles: the next tile's
-// loads are issued before the current one is written out, one barrier per tile. grid and chunks as affine_nhwc;
-// the CTA's C coefficients and prologue biases are staged in shared memory first; smem:
-// affine_out_nchw_smem(C, tr, sizeof(T)) bytes. No residual.
+// warp per channel. Where the image, the chunk and the tile are whole 16-byte runs of pixels (VS of them), each
+// lane stores one such run (tile rows of channel c rotated by (c / V) % (tr / VS) runs, so that the scalar tile
+// writes of a warp fall in different banks and the 16-byte tile reads stay aligned); otherwise consecutive lanes
+// store consecutive pixels one by one (tile rows padded by one element). Two tiles: the next tile's loads are
+// issued before the current one is written out, one barrier per tile. grid and chunks as affine_nhwc; the CTA's C
+// coefficients and prologue biases are staged in shared memory first; smem: affine_out_nchw_smem(C, tr,
+// sizeof(T)) bytes. No residual.
 template <typename T, int V, int Pw>
 __global__ void __launch_bounds__(kMaxThreads)
     affine_nhwc_out_nchw_kernel(const T* __restrict__ x, T* __restrict__ out, const float4* __restrict__ coef,
                                 int64_t rows, int64_t rchunk, int C, int tpr, int rpi, PwArgs pw) {
+  constexpr int VS = 16 / sizeof(T);
   extern __shared__ float4 out_nchw_smem[];
-  const int tr = kUnroll * rpi, ld = tr + 1;
+  const int tr = kUnroll * rpi;
+  const bool runs = rows % VS == 0 && rchunk % VS == 0 && tr % VS == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const int ld = runs ? tr : tr + 1, nq = tr / VS;
   float4* ks = out_nchw_smem;
   float* pcs = reinterpret_cast<float*>(ks + C);
-  T* tiles = reinterpret_cast<T*>(pcs + C);  // tile b: channel c's rows at tiles[(b * C + c) * ld]
+  // tile b: channel c's rows at tiles[(b * C + c) * ld], after the coefficients and biases (16-byte aligned)
+  T* tiles = reinterpret_cast<T*>(out_nchw_smem + (C * 5 + 3) / 4);
   pdl_wait();  // launch_dependent: coef is written
   const int64_t n = gridDim.x - 1 - blockIdx.x;  // backwards, as affine_nhwc
   const int64_t r0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * rchunk, r1 = min(rows, r0 + rchunk);
@@ -690,6 +697,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
   const bool active = lane_r < rpi && lane_c < C / V;
   const int c0 = lane_c * V;
+  const int rot = runs ? lane_c % nq : 0;  // this thread's channels' rotation, in runs
   const T* xb = x + n * rows * C + c0;
   T* ob = out + n * C * rows;
   float xs[kUnroll][V];
@@ -710,9 +718,12 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int u = 0; u < kUnroll; ++u) {
         const int rr = lane_r + u * rpi;
         if (rr < nr) {
+          int q = rr / VS + rot;
+          q = q >= nq ? q - nq : q;
+          const int at = runs ? q * VS + rr % VS : rr;
 #pragma unroll
           for (int j = 0; j < V; ++j)
-            tile[(c0 + j) * ld + rr] = static_cast<T>(pw_affine<false, Pw>(ks[c0 + j], xs[u][j], 0.f, pcs[c0 + j]));
+            tile[(c0 + j) * ld + at] = static_cast<T>(pw_affine<false, Pw>(ks[c0 + j], xs[u][j], 0.f, pcs[c0 + j]));
         }
       }
     }
@@ -722,7 +733,20 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int c = warp; c < C; c += nwarps) {
       T* oc = ob + static_cast<int64_t>(c) * rows + rt;
       const T* tc = tile + c * ld;
-      for (int rr = lane; rr < nr; rr += 32) oc[rr] = tc[rr];
+      if (runs) {
+        const int rc = (c / V) % nq;
+        for (int q = lane; q * VS < nr; q += 32) {
+          int qp = q + rc;
+          qp = qp >= nq ? qp - nq : qp;
+          if ((q + 1) * VS <= nr) {
+            stg_raw(reinterpret_cast<uint4*>(oc + q * VS), *reinterpret_cast<const uint4*>(tc + qp * VS));
+          } else {
+            for (int e = 0; q * VS + e < nr; ++e) oc[q * VS + e] = tc[qp * VS + e];
+          }
+        }
+      } else {
+        for (int rr = lane; rr < nr; rr += 32) oc[rr] = tc[rr];
+      }
     }
   }
 }

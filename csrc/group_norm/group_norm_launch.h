@@ -210,13 +210,20 @@ cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeo
 
 // affine_nhwc_out_nchw_kernel's shared memory (C coefficients, C prologue biases, two tiles of C x (tr + 1)
 // elements) and whether a plan has it: each thread one channel vector (tpr >= C / V), tiles of kUnroll * rpi
-// rows, within 48 KB (C up to ~600 fp32 channels); else the caller computes channels_last and copies.
+// rows, within 48 KB (C up to ~600 fp32 channels); else the caller computes channels_last and copies. Chunks of a
+// multiple of 8 rows (affine_out_nchw_chunks) let the kernel store 16-byte runs of pixels.
 constexpr size_t affine_out_nchw_smem(int64_t C, int tr, size_t esize) {
-  return static_cast<size_t>(C) * (sizeof(float4) + sizeof(float) + 2 * (tr + 1) * esize);
+  return static_cast<size_t>((C * 5 + 3) / 4) * sizeof(float4) + static_cast<size_t>(C) * 2 * (tr + 1) * esize;
 }
 constexpr bool affine_out_nchw_fits(const AffineGeometry& g, int64_t C, size_t esize) {
   return g.nhwc && static_cast<int64_t>(g.tpr) * g.vec >= C &&
          affine_out_nchw_smem(C, kUnroll * g.rpi, esize) <= 48 * 1024;
+}
+
+inline AffineGeometry affine_out_nchw_chunks(AffineGeometry g, int64_t HxW) {
+  g.chunk = (g.chunk + 7) / 8 * 8;
+  g.grid_y = static_cast<unsigned>((HxW + g.chunk - 1) / g.chunk);
+  return g;
 }
 
 // Sizes of one reduction state: Welford (mean, m2, n) forward, (sum dy*(x-mean), sum dy) backward.
