@@ -79,6 +79,16 @@ gn::PwArgs pw_args(const Pointwise& pro, const Tensor& residual, const float* rs
   return a;
 }
 
+// The two-pass elementwise pass of NHWC x into an NCHW output (want_nchw): sets pw.out_nchw where the NCHW-out
+// tile applies (a prologue, affine_out_nchw_fits) and then makes ag's chunks whole 16-byte runs of pixels; returns
+// pw.out_nchw (false: the pass writes x's layout and the caller copies into the NCHW output).
+bool plan_out_nchw(AffineGeometry& ag, gn::PwArgs& pw, bool want_nchw, const Pointwise& pro, const Problem& p,
+                   size_t esize) {
+  pw.out_nchw = want_nchw && pro.kind != kPreNone && gn::affine_out_nchw_fits(ag, p.C, esize);
+  if (pw.out_nchw) ag = gn::affine_out_nchw_chunks(ag, p.HxW);
+  return pw.out_nchw;
+}
+
 // The one-pass kernels take a pointwise extension only in NCHW (the NHWC one has none).
 bool onepass_allows(const Pointwise& pro, bool nhwc) {
   return !nhwc || (pro.kind == kPreNone && pro.act == kActIdentity && !defined(pro.residual));
@@ -179,12 +189,11 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
                                              ptr<float>(rstd), coef, static_cast<float>(eps), nullptr, stream));
   AffineGeometry ag = affine_geometry(p, nhwc, V);
   gn::PwArgs pw_out = pw;
-  pw_out.out_nchw = nhwc_out_nchw && pro.kind != kPreNone && gn::affine_out_nchw_fits(ag, s.C, x.element_size());
-  if (pw_out.out_nchw) ag = gn::affine_out_nchw_chunks(ag, p.HxW);
-  const Tensor yk = nhwc_out_nchw && !pw_out.out_nchw ? empty_as(x, group_norm_memory_format(x)) : y;
+  const bool copy_nchw = nhwc_out_nchw && !plan_out_nchw(ag, pw_out, nhwc_out_nchw, pro, p, x.element_size());
+  const Tensor yk = copy_nchw ? empty_as(x, group_norm_memory_format(x)) : y;
   GNEXT_CUDA_CHECK(gn::launch_affine(false, t, p, ag, x.data_ptr(), nullptr, yk.data_ptr(), coef, pw_out, stream));
   if (y_copy) copy_into(out, y);
-  if (nhwc_out_nchw && !pw_out.out_nchw) copy_into(out, yk);
+  if (copy_nchw) copy_into(out, yk);
   return {out, mean, rstd};
 }
 
@@ -337,12 +346,11 @@ Tensor group_norm_affine_cuda(const Tensor& x, const GNShape& s, const Tensor& c
   const int V = vector_width(x.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), out.data_ptr()});
   AffineGeometry ag = affine_geometry(p, nhwc, V);
   gn::PwArgs pw = pw_args(pro, Tensor(), nullptr, std::nullopt, std::nullopt);
-  pw.out_nchw = nhwc && out_nchw && pro.kind != kPreNone && gn::affine_out_nchw_fits(ag, s.C, x.element_size());
-  if (pw.out_nchw) ag = gn::affine_out_nchw_chunks(ag, p.HxW);
-  const Tensor y = nhwc && out_nchw && !pw.out_nchw ? empty_as(x, group_norm_memory_format(x)) : out;
+  const bool copy_nchw = nhwc && out_nchw && !plan_out_nchw(ag, pw, true, pro, p, x.element_size());
+  const Tensor y = copy_nchw ? empty_as(x, group_norm_memory_format(x)) : out;
   GNEXT_CUDA_CHECK(gn::launch_affine(false, scalar_kind(x.scalar_type()), p, ag, x.data_ptr(), nullptr,
                                      y.data_ptr(), ptr<float>(coef), pw, current_stream(x)));
-  if (y.data_ptr() != out.data_ptr()) copy_into(out, y);
+  if (copy_nchw) copy_into(out, y);
   return out;
 }
 
