@@ -3,10 +3,7 @@
 Environment variables:
   GNEXT_CPU_ONLY=1       build only the C++ (CPU) sources, no CUDA toolkit needed.
   TORCH_CUDA_ARCH_LIST   CUDA archs to compile for (default here: "9.0a"). "9.0" is compiled as "9.0a"
-                         (the same GPUs: H100/H200/GH200), whose wgmma/TMA the Hopper conv needs.
-  GNEXT_CUTLASS_DIR      a CUTLASS source tree (include/, tools/util/include/); default: the headers of
-                         the pip package nvidia-cutlass. Without CUTLASS the fused conv op uses its
-                         ATen/cuDNN path only.
+                         (the same GPUs: H100/H200/GH200).
   MAX_JOBS               parallel compile jobs (ninja).
   CUDA_HOME              CUDA toolkit root (default /usr/local/cuda when it exists).
 
@@ -31,7 +28,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda"):
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
-# sm_90a (not sm_90): same GPUs, plus the wgmma / TMA instructions of the Hopper conv kernel.
+# sm_90a (not sm_90): the same GPUs, with Hopper's arch-specific instructions available to the kernels.
 os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(
     a.replace("9.0", "9.0a", 1) if a.split("+")[0] == "9.0" else a
     for a in os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";") if a)
@@ -48,27 +45,6 @@ def pip_cuda_include_dirs():
             if os.path.isdir(d) and d not in dirs:
                 dirs.append(d)
     return dirs
-
-
-def cutlass_include_dirs():
-    """CUTLASS headers: GNEXT_CUTLASS_DIR, else the pip package nvidia-cutlass
-    (cutlass_library/source); [] when neither is there."""
-    root = os.environ.get("GNEXT_CUTLASS_DIR")
-    if not root:
-        import importlib.util
-
-        spec = importlib.util.find_spec("cutlass_library")
-        if spec is None or spec.origin is None:
-            return []
-        root = os.path.join(os.path.dirname(spec.origin), "source")
-    inc, util = os.path.join(root, "include"), os.path.join(root, "tools", "util", "include")
-    ok = os.path.isfile(os.path.join(inc, "cutlass", "cutlass.h")) and os.path.isdir(util)
-    return [inc, util] if ok else []
-
-
-def builds_sm90a():
-    """sm_90a is among the archs: the fused op's Hopper conv kernel can be compiled (with CUTLASS)."""
-    return "9.0a" in [a.split("+")[0] for a in os.environ["TORCH_CUDA_ARCH_LIST"].split(";")]
 
 
 def arch_token(arch_list):
@@ -90,7 +66,7 @@ TORCH_TARGET = (2, 11)
 TARGET_MACRO = f"-DTORCH_TARGET_VERSION=0x{TORCH_TARGET[0]:02x}{TORCH_TARGET[1]:02x}000000000000ULL"
 
 
-def write_build_info(use_cuda, hopper_conv=False):
+def write_build_info(use_cuda):
     import torch
 
     info = {
@@ -100,7 +76,6 @@ def write_build_info(use_cuda, hopper_conv=False):
         "torch_min": ".".join(map(str, TORCH_TARGET)),
         "cuda": torch.version.cuda if use_cuda else None,
         "cuda_archs": os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split() if use_cuda else [],
-        "hopper_conv": hopper_conv,
     }
     with open(os.path.join(ROOT, "groupnorm_ext", "_build_info.py"), "w") as f:
         f.write('"""Written by setup.py at build time: what this build of gnext was compiled with."""\n')
@@ -123,24 +98,18 @@ def extension():
                             py_limited_api=True)  # torch adds -DPy_LIMITED_API (3.10)
     cxx.append("-DUSE_CUDA")  # the CUDA entry points of the stable C shim
     cxx.append(f"-DGNEXT_CUDA_ARCHS={arch_token(os.environ['TORCH_CUDA_ARCH_LIST'])}")  # named in arch errors
-    # NDEBUG: no device asserts (CUTLASS's would also serialize its wgmma pipeline).
+    # NDEBUG: no device asserts in release kernels.
     nvcc = ["-O3", "-DNDEBUG", TARGET_MACRO, "-Xcompiler=-fvisibility=hidden",
             "--expt-relaxed-constexpr", "-Xptxas=-v" if os.environ.get("GNEXT_PTXAS_VERBOSE") == "1" else "-Xptxas=-O3"]
     # Source lines for Nsight Compute and compute-sanitizer reports. With CUDA 13 they also embed each kernel's
     # PTX text (.nv_debug_ptx_txt): 3/4 of a module's bytes, so release wheels build without (GNEXT_LINEINFO=0).
     if os.environ.get("GNEXT_LINEINFO", "1") != "0":
         nvcc.append("-lineinfo")
-    cutlass = cutlass_include_dirs() if builds_sm90a() else []
-    write_build_info(True, hopper_conv=bool(cutlass))
-    if cutlass:
-        nvcc.append("-DGNEXT_WITH_CUTLASS")
-        print(f"gnext: Hopper conv kernel on, CUTLASS headers from {cutlass[0]}")
-    else:
-        print("gnext: Hopper conv kernel off (needs CUTLASS headers: pip install nvidia-cutlass; and arch 9.0a)")
+    write_build_info(True)
     return CUDAExtension(
         "groupnorm_ext._C",
         cpp + cu,
-        include_dirs=pip_cuda_include_dirs() + cutlass,
+        include_dirs=pip_cuda_include_dirs(),
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
         py_limited_api=True,  # torch adds -DPy_LIMITED_API (3.10)
     )

@@ -57,11 +57,6 @@ def info() -> int:
     except Exception as e:  # noqa: BLE001  (report any load failure)
         print(f"  library FAILED to load: {e}")
         return 1
-    if BUILD_INFO.get("cuda"):
-        print("  fused conv op's Hopper path (GNEXT_CONV=cutlass): " + (
-            "built" if BUILD_INFO.get("hopper_conv") else
-            "not built (needs arch 9.0a and the CUTLASS headers at build time: "
-            "pip install --no-deps nvidia-cutlass==4.2.0.0, then rebuild); the cuDNN path runs"))
     if not torch.cuda.is_available():
         print("  GPU: none visible (the CPU kernels run)")
         return 0 if ok else 1

@@ -175,11 +175,6 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
 //    partial[(n*K + k)*C + c]: writes dgamma / dbeta (those given, of one dtype) and returns, if
 //    want_coef, coef (N, C, 4) = (mean, c2, rstd*gamma, c3) with dx = rstd*gamma*dy + c2*(x - mean) + c3.
 std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x, const GNShape& s, const Tensor& shift, double eps);
-//  * the elementwise pass of the two-pass forward: out = coef.y * (a - coef.x) + coef.w per (n, c),
-//    a = x or the prologue's act(x + bias); x dense (contiguous or channels_last), out in its format (out_nchw:
-//    NCHW-contiguous).
-Tensor group_norm_affine_cuda(const Tensor& x, const GNShape& s, const Tensor& coef, const Pointwise& pro,
-                              bool out_nchw = false);
 Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const GNShape& s, const Tensor& mean,
                                      const Tensor& rstd, const OptTensor& weight, const OptTensor& dgamma,
                                      const OptTensor& dbeta, bool want_coef);

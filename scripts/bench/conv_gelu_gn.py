@@ -4,15 +4,11 @@ float32, forward and forward+backward (training), in one process:
 
   eager     the reference Model (cuDNN conv with bias, GELU, F.group_norm)
   compile   torch.compile(Model)
-  gnext     ModelNew: torch.ops.gnext.conv_transpose2d_gelu_group_norm, default path (stage 1): the
-            conv in ATen/cuDNN without bias, then bias + GELU + GroupNorm in gnext's kernels
-            (statistics pass + elementwise pass)
+  gnext     ModelNew: torch.ops.gnext.conv_transpose2d_gelu_group_norm: the conv in ATen/cuDNN without
+            bias, then bias + GELU + GroupNorm in gnext's kernels (statistics pass + elementwise pass;
+            backward: fused GN+GELU backward, then the conv's gradients through ATen)
   gnext, dy copied   the same with GNEXT_DY_NCHW=0: an NCHW upstream gradient copied to channels_last
             before the backward (the default reads it in place)
-  stage 2   the same op with GNEXT_CONV=cutlass (H100, fp32, TF32): gnext's CUTLASS implicit-GEMM
-            conv whose epilogue stores z and emits per-tile GELU/GroupNorm sums, a finalize kernel,
-            one elementwise pass (z -> out)
-            (backward of both: fused GN+GELU backward, then the conv's gradients through ATen)
   conv      cuDNN's conv alone (no bias), for reference
 
 each for NCHW input and for channels_last input (x and the weights in channels_last), forward+backward
@@ -84,8 +80,7 @@ def main():
         x = x0.contiguous(memory_format=fmt)
         for m in (model, new):
             m.to(memory_format=fmt)
-        impls = {"eager": model, "gnext": new, "stage 2": with_env(new, GNEXT_CONV="cutlass"),
-                 "gnext, dy copied": with_env(new, GNEXT_DY_NCHW="0")}
+        impls = {"eager": model, "gnext": new, "gnext, dy copied": with_env(new, GNEXT_DY_NCHW="0")}
         if not args.no_compile:
             torch._dynamo.reset()
             impls["compile"] = torch.compile(model)
@@ -101,7 +96,7 @@ def main():
             row[name] = {"fwd_ms": t_f, "out_channels_last": fn(x).is_contiguous(memory_format=torch.channels_last)}
             line = f"  {layout:13s} {name:15s} fwd {t_f:8.3f} ms"
             xg = x.detach().requires_grad_()
-            params = list(new.parameters() if name.startswith(("gnext", "stage 2")) else model.parameters())
+            params = list(new.parameters() if name.startswith("gnext") else model.parameters())
             for glayout, gfmt in (("nchw", torch.contiguous_format), ("channels_last", torch.channels_last)):
                 if name == "conv (no bias)":
                     break
@@ -117,10 +112,10 @@ def main():
                     fb = with_env(fb, GNEXT_DY_NCHW="0")
                 row[name][f"fwdbwd_ms_dy_{glayout}"] = t_fb = timer(fb, min_reps=5, budget_s=0.5)
                 line += f"  f+b (dy {glayout}) {t_fb:8.3f} ms"
-                if args.profile and name in ("gnext", "stage 2"):
+                if args.profile and name == "gnext":
                     row[f"profile {name} dy {glayout}"] = kernel_times(fb)
             print(line, flush=True)
-            if args.profile and name in ("gnext", "stage 2"):
+            if args.profile and name == "gnext":
                 row[f"profile {name} fwd"] = kernel_times(lambda: fn(x))
                 for k in [k for k in row if k.startswith(f"profile {name} ")]:
                     print(f"    {k}: " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in row[k]), flush=True)
@@ -132,27 +127,27 @@ def main():
              f"copy bandwidth {bw:.0f} GB/s · TF32 {'on' if meta['tf32'] else 'off'} (cuDNN conv) · "
              f"input {'x'.join(map(str, meta['shape']))} fp32 · {meta['timing']}", "",
              "Forward, ms:", "",
-             "| input layout | eager | compile | gnext | stage 2 | conv alone | gnext x eager | x compile "
+             "| input layout | eager | compile | gnext | conv alone | gnext x eager | x compile "
              "| gnext output | op floor | GN floor |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
-        e, g, s2, cv = r["eager"], r["gnext"], r["stage 2"], r["conv (no bias)"]
+        e, g, cv = r["eager"], r["gnext"], r["conv (no bias)"]
         cm = r.get("compile", nan)
         lines.append(
-            f"| {r['layout']} | {e['fwd_ms']:.2f} | {cm['fwd_ms']:.2f} | {g['fwd_ms']:.2f} | {s2['fwd_ms']:.2f} | "
+            f"| {r['layout']} | {e['fwd_ms']:.2f} | {cm['fwd_ms']:.2f} | {g['fwd_ms']:.2f} | "
             f"{cv['fwd_ms']:.2f} | {e['fwd_ms'] / g['fwd_ms']:.2f} | {cm['fwd_ms'] / g['fwd_ms']:.2f} | "
             f"{'channels_last' if g['out_channels_last'] else 'nchw'} | {r['floor_op_fwd_ms']:.2f} | "
             f"{r['floor_gn_fwd_ms']:.2f} |")
     lines += ["", "Forward + backward (`autograd.grad` of x and the parameters), ms, by the layout of the input "
               "and of the upstream gradient dy:", "",
-              "| input layout | dy layout | eager | compile | gnext | stage 2 | gnext x eager | x compile | GN floor |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "| input layout | dy layout | eager | compile | gnext | gnext x eager | x compile | GN floor |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        e, g, s2 = r["eager"], r["gnext"], r["stage 2"]
+        e, g = r["eager"], r["gnext"]
         cm = r.get("compile", nan)
         for gl in ("nchw", "channels_last"):
             k = f"fwdbwd_ms_dy_{gl}"
-            lines.append(f"| {r['layout']} | {gl} | {e[k]:.2f} | {cm[k]:.2f} | {g[k]:.2f} | {s2[k]:.2f} | "
+            lines.append(f"| {r['layout']} | {gl} | {e[k]:.2f} | {cm[k]:.2f} | {g[k]:.2f} | "
                          f"{e[k] / g[k]:.2f} | {cm[k] / g[k]:.2f} | {r['floor_gn_fb_ms']:.2f} |")
     lines += ["", "gnext with an NCHW dy copied into channels_last before the backward (GNEXT_DY_NCHW=0; the "
               "default reads it in place), forward+backward ms: "
