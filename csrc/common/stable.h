@@ -21,6 +21,12 @@
 #include <string_view>
 #include <vector>
 
+// torch 2.11's headers name the shim's error check TORCH_ERROR_CODE_CHECK; later releases add
+// STABLE_TORCH_ERROR_CODE_CHECK. One name here so the sources build against every torch >= 2.11.
+#if !defined(STABLE_TORCH_ERROR_CODE_CHECK)
+#define STABLE_TORCH_ERROR_CODE_CHECK TORCH_ERROR_CODE_CHECK
+#endif
+
 namespace gnext {
 
 using Tensor = torch::stable::Tensor;
