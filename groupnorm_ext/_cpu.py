@@ -14,13 +14,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._ops import _memory_format  # (importing _ops loads the compiled module, which defines the schema)
+from ._library import ACTIVATIONS as _ACTIVATIONS
+from ._library import memory_format as _memory_format
 
 _DTYPE_NAMES = {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double",
                 torch.int32: "Int", torch.int64: "Long", torch.int16: "Short", torch.int8: "Char",
                 torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat"}
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_ACTIVATIONS = ("identity", "silu", "gelu", "gelu_tanh", "relu", "tanh", "hardswish", "tanh_hardswish")
 
 
 def _dt(t: torch.Tensor | torch.dtype) -> str:
@@ -164,69 +164,73 @@ def _param_grad_dtype(input, weight):
 # ------------------------------------------------------------------------------------------------
 # Composites
 
-def _grouped_float(t, s):
-    N, C, G, D, HxW = s
-    return t.float().contiguous().view(N, G, D, HxW)
-
 
 def _param_grouped(p, s):
     return p.float().view(1, s[2], s[3], 1)
 
 
+def _aten_params(input, weight, bias, C):
+    """weight/bias for ATen's CPU kernels: float32 for 16-bit inputs (its statistics then come back float32,
+    gnext's contract, and the math runs in float32), ones/zeros where None."""
+    pdt = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    w = torch.ones(C, dtype=pdt) if weight is None else weight.to(pdt)
+    b = torch.zeros(C, dtype=pdt) if bias is None else bias.to(pdt)
+    return w, b
+
+
+def _aten_input(t):
+    """t as ATen's CPU GroupNorm kernels take it: NCHW-contiguous. (Their channels_last forward computes the
+    variance as E[x^2] - E[x]^2, which cancels at large means: rstd off by 300x at mean 1e4, std 1.)"""
+    return t.contiguous()
+
+
 def _group_norm(op, input, num_groups, weight, bias, eps):
+    """mean/rstd from ATen's CPU GroupNorm (vectorized, Welford), then out = (x - mean) * (rstd * gamma) + beta
+    in float32. ATen's own output is x * a + b, which cancels at large means (a constant group gives beta
+    +- 3e-5 at mean 7, rstd 316). gnext's contract: mean/rstd (N, G) float32, out in _memory_format(input)."""
     s = check_group_norm_args(op, input, num_groups, weight, bias)
     N, C, G, D, HxW = s
-    out = torch.empty(input.shape, dtype=input.dtype, memory_format=_memory_format(input))
+    fmt = _memory_format(input)
     if input.numel() == 0:
         nan = torch.full((N, G), float("nan"))
-        return out, nan, nan.clone()
-    x = _grouped_float(input, s)
-    var, mu = torch.var_mean(x, (2, 3), correction=0, keepdim=True)
-    r = (var + eps).rsqrt()
-    y = (x - mu) * r
+        return torch.empty(input.shape, dtype=input.dtype, memory_format=fmt), nan, nan.clone()
+    w, b = _aten_params(input, None, None, C)
+    _, mu, r = torch.ops.aten.native_group_norm(_aten_input(input), w, b, N, C, HxW, G, eps)
+    mu, r = mu.float(), r.float()
+    scale = r.repeat_interleave(D, 1)  # (N, C)
     if weight is not None:
-        y = y * _param_grouped(weight, s)
-    if bias is not None:
-        y = y + _param_grouped(bias, s)
+        scale = scale * weight.float()
+    shift = torch.zeros(C) if bias is None else bias.float()
+    x = input.float().reshape(N, C, HxW) - mu.repeat_interleave(D, 1).unsqueeze(-1)
+    y = torch.addcmul(shift.view(1, C, 1), x, scale.unsqueeze(-1))
+    out = torch.empty(input.shape, dtype=input.dtype, memory_format=fmt)
     out.copy_(y.view(input.shape))
-    return out, mu.view(N, G).contiguous(), r.view(N, G).contiguous()
+    return out, mu, r
 
 
 def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, output_mask):
+    """ATen's CPU GroupNorm backward on gnext's float32 mean/rstd, fed x - mean (float32) and a zero mean: its
+    formulas use sum(dy * x) and x * c2 + c3, which cancel at large means (grad_weight off by 2e-2 at mean
+    1000 where the exact value is 0); the GroupNorm gradients depend on x only through x - mean."""
     s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups)
     N, C, G, D, HxW = s
     pdtype = _param_grad_dtype(input, weight)
-    empty = input.numel() == 0
-
-    def param(wanted):
-        if not wanted:
-            return None
-        return torch.zeros(C, dtype=pdtype) if empty else torch.empty(C, dtype=pdtype)
-
-    dx = torch.empty(input.shape, dtype=input.dtype, memory_format=_memory_format(input)) if output_mask[0] else None
-    dgamma, dbeta = param(output_mask[1]), param(output_mask[2])
-    if empty:
-        return dx, dgamma, dbeta
-    x, dy = _grouped_float(input, s), _grouped_float(grad_out, s)
-    mu = mean.float().reshape(N, G, 1, 1)
-    r = rstd.float().reshape(N, G, 1, 1)
-    xc = x - mu
-    dsc = (dy * xc).sum(3, keepdim=True)  # per (n, c): sum dy * (x - mean), sum dy
-    dbc = dy.sum(3, keepdim=True)
-    if dgamma is not None:
-        dgamma.copy_((dsc * r).sum(0).reshape(C))
-    if dbeta is not None:
-        dbeta.copy_(dbc.sum(0).reshape(C))
+    fmt = _memory_format(input)
+    if input.numel() == 0:
+        zeros = lambda wanted: torch.zeros(C, dtype=pdtype) if wanted else None  # noqa: E731
+        dx = torch.empty(input.shape, dtype=input.dtype, memory_format=fmt) if output_mask[0] else None
+        return dx, zeros(output_mask[1]), zeros(output_mask[2])
+    w = torch.ones(C) if weight is None else weight.float()
+    xc = (input.float().reshape(N, G, -1) - mean.float().reshape(N, G, 1)).reshape(input.shape).contiguous()
+    dy = grad_out.float().contiguous()
+    dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(
+        dy, xc, torch.zeros(N, G), rstd.float().contiguous(), w, N, C, HxW, G,
+        [output_mask[0], output_mask[1], output_mask[2]])
     if dx is not None:
-        gamma = _param_grouped(weight, s) if weight is not None else torch.ones(1, G, D, 1)
-        inv_count = 1.0 / (D * HxW)
-        sum1 = (gamma * dsc).sum((2, 3), keepdim=True)
-        sum2 = (gamma * dbc).sum((2, 3), keepdim=True)
-        # dx = rstd*gamma*dy + c2*(x - mean) + c3, c2 = -rstd^3*sum1/(D*HxW), c3 = -rstd*sum2/(D*HxW)
-        c2 = -r.pow(3) * sum1 * inv_count
-        c3 = -r * sum2 * inv_count
-        dx.copy_((r * gamma * dy + c2 * xc + c3).view(input.shape))
-    return dx, dgamma, dbeta
+        # A group of one element normalizes to 0 whatever x is: grad_input is exactly 0 (as on CUDA).
+        dx = torch.zeros_like(dx) if D * HxW == 1 else dx
+        dx = dx.to(input.dtype).contiguous(memory_format=fmt)
+    return dx, None if dgamma is None else dgamma.to(pdtype), None if dbeta is None else dbeta.to(pdtype)
 
 
 def apply_act(n, act):
