@@ -97,7 +97,13 @@ struct DeviceProps {
   int major, minor;  // compute capability
   size_t sharedMemPerBlockOptin, sharedMemPerMultiprocessor, reservedSharedMemPerBlock;
   size_t l2CacheSize;  // bytes
+  int memoryClockKHz, memoryBusWidthBits;  // peak DRAM bandwidth: 2 * clock * width / 8 (peak_dram_gbs)
 };
+
+// Peak DRAM bandwidth in GB/s (double data rate): H100 SXM 3352, H200 4916.
+inline int64_t peak_dram_gbs(const DeviceProps& p) {
+  return 2 * int64_t{p.memoryClockKHz} * (p.memoryBusWidthBits / 8) / 1000000;
+}
 
 // Of the current device (the ops set it with DeviceGuard first).
 inline const DeviceProps& device_props() {
@@ -120,6 +126,8 @@ inline const DeviceProps& device_props() {
     p.sharedMemPerMultiprocessor = static_cast<size_t>(attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
     p.reservedSharedMemPerBlock = static_cast<size_t>(attr(cudaDevAttrReservedSharedMemoryPerBlock));
     p.l2CacheSize = static_cast<size_t>(attr(cudaDevAttrL2CacheSize));
+    p.memoryClockKHz = attr(cudaDevAttrMemoryClockRate);
+    p.memoryBusWidthBits = attr(cudaDevAttrGlobalMemoryBusWidth);
   });
   return props[dev];
 }

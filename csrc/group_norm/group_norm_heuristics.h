@@ -201,6 +201,21 @@ inline bool use_nhwc(const Tensor& x, const Problem& p, size_t state_bytes, std:
   return g.smem <= device_props().sharedMemPerBlockOptin;
 }
 
+// Persistent kernels (one-pass, wide: a tile staged in shared memory while the CTA waits for the rest of its
+// group) against the streamed two-pass kernels, by the device's peak DRAM bandwidth. The persistent kernels'
+// rate is set by the bytes they keep in flight per SM, not by DRAM: forward, bytes read + written, 2.0-2.7 TB/s
+// on both an H100 and an H200. The two-pass kernels stream at about 0.95 of the copy bandwidth but move 1.5x
+// the bytes (forward 2R + 1W against 1R + 1W). So the persistent plan pays while 2 / 2.4 < 3 / (0.95 * BW),
+// i.e. BW under about 3.8 TB/s. Example: 8x256x256x256 bf16 G=32 forward, one-pass / two-pass us: H100
+// (3352 GB/s) 269 / 276, H200 (4916 GB/s) 247 / 210 (docs/decisions/persistent-vs-streamed.md).
+constexpr int64_t kPersistentMaxPeakGBs = 3800;
+inline bool persistent_kernels_pay(int64_t peak_gbs) { return peak_gbs < kPersistentMaxPeakGBs; }
+// Where that rule applies to the one-pass forward: groups of at least 1 MiB (smaller ones are one or two
+// tiles with little waiting: 16x512x64x64 fp16, 128 KB groups, H200 one-pass 69.5 us / two-pass 77.6) and at
+// least 64 of them (32 groups of 8 MiB tie on the H200: 1x256x512x512 fp32 210 / 213 us).
+constexpr int64_t kStreamedMinGroupBytes = int64_t{1} << 20;
+constexpr int64_t kStreamedMinGroups = 64;
+
 // Ragged one-pass forward below a group per SM: tensors of at most this many bytes (onepass_geometry).
 constexpr int kRaggedSmallBytes = 1 << 20;
 
@@ -229,6 +244,9 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, ScalarT
   if (V == 1) return std::nullopt;
   const DeviceProps* prop = &device_props();
   const int64_t esize = element_size(t);
+  if (!bwd && !nhwc && !ragged && onepass != 2 && !persistent_kernels_pay(peak_dram_gbs(*prop)) &&
+      p.D * p.HxW * esize >= kStreamedMinGroupBytes && p.N * p.G >= kStreamedMinGroups)
+    return std::nullopt;
   const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
   // NCHW with many small groups (at least 2 per SM, <= 16 KB of stage bytes each): 4 CTAs per SM of
   // 128 threads. Each streams its groups one after another, so 2 CTAs of 256 threads left each SM
@@ -550,6 +568,9 @@ inline std::optional<WideGeometry> wide_geometry(const Problem& p, ScalarType t,
                                    static_cast<int64_t>(prop.sharedMemPerBlockOptin) - kWideStaticSmem, 1024, 0);
   const int64_t l2 = static_cast<int64_t>(prop.l2CacheSize);
   if (mode == 2) return g;
+  // H200, op us two-pass / wide: 1x512x1024x1024 fp16 forward 790 / 807, backward 1273 / 1342; 1x128x2048x2048
+  // bf16 backward 1282 / 1348 (the H100 gains 5-14% from the wide kernels on the same shapes).
+  if (!persistent_kernels_pay(peak_dram_gbs(prop))) return std::nullopt;
   const int64_t min_bytes = bwd ? (epilogue ? kWideMinBytesBwdAct : kWideMinBytesBwd) : kWideMinBytes;
   const int64_t max_rest = bwd ? l2 : l2 / 4;
   if (bytes < min_bytes || rest > max_rest) return std::nullopt;
