@@ -15,7 +15,7 @@ CUDA kernels, so ``F.group_norm`` / ``nn.GroupNorm`` models use them unedited (`
 Each op has CUDA kernels (C++ on PyTorch's stable ABI: one build loads on every torch >= 2.11), CPU kernels
 (``_cpu.py``), autograd (``_autograd.py``) and fake kernels (``_ops.py``).
 """
-from ._ops import ops
+from ._registry import ops
 from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp
 from .compile_fusion import disable_compile_fusion, enable_compile_fusion
 from .aten_kernels import aten_kernels, aten_kernels_enabled, disable_aten_kernels, enable_aten_kernels

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops  # noqa: F401  (the schema is defined by the compiled module)
+from . import _library  # noqa: F401  (the schema is defined by the compiled module)
 
 
 _below = torch._C._AutoDispatchBelowAutograd

@@ -1,24 +1,11 @@
-"""Loads the compiled library, which defines torch.ops.gnext.* and registers their CUDA kernels
-(stable ABI), and adds the fake (meta) kernels that torch.compile and torch.library.opcheck trace
-with, the CPU kernels (_cpu.py) and autograd (_autograd.py)."""
+"""The fake (meta) kernels of torch.ops.gnext.*, which torch.compile and torch.library.opcheck trace with,
+and the layout tag of every overload (mark_flexible_layout)."""
 from __future__ import annotations
 
 import torch
 
-from . import _C  # noqa: F401  (loading the library runs STABLE_TORCH_LIBRARY(gnext, ...))
-
-ops = torch.ops.gnext
-
-
-def _memory_format(input: torch.Tensor) -> torch.memory_format:
-    """Same rule as group_norm_memory_format in csrc/group_norm/group_norm.h."""
-    if input.is_contiguous():
-        return torch.contiguous_format
-    if input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    if input.dim() == 5 and input.is_contiguous(memory_format=torch.channels_last_3d):
-        return torch.channels_last_3d
-    return torch.contiguous_format
+from ._library import memory_format as _memory_format
+from ._library import ops
 
 
 def _empty_like_input(input: torch.Tensor) -> torch.Tensor:
@@ -140,7 +127,7 @@ def _group_norm_act_logsumexp_backward_fake(grad_out, out, input, input_bias, me
     return dx, dib, dw, db
 
 
-def _mark_flexible_layout() -> None:
+def mark_flexible_layout() -> None:
     """Tag every gnext overload with torch.Tag.flexible_layout: Inductor then hands the op its inputs in
     the layout it already has them in, instead of forcing them to the strides they had when the graph
     was traced (the default for custom ops, needs_exact_strides). Under torch.compile, Inductor runs the
@@ -158,9 +145,3 @@ def _mark_flexible_layout() -> None:
             op = getattr(packet, overload)
             if flexible not in op.tags:
                 op._tags = [*op.tags, flexible]
-
-
-from . import _autograd, _cpu  # noqa: E402,F401  (register the CPU kernels and autograd)
-
-# After every registration: torch.library's registrations rebuild the overload objects (their tags with them).
-_mark_flexible_layout()

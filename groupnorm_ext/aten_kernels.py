@@ -36,7 +36,7 @@ import contextlib
 from typing import Iterator
 
 from . import _C
-from ._ops import ops  # noqa: F401  (the library is loaded and its ops registered first)
+from ._registry import ops  # noqa: F401  (the library is loaded and its ops registered first)
 
 
 def enable_aten_kernels() -> bool:

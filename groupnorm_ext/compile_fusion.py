@@ -28,7 +28,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from . import _ops  # noqa: F401  (torch.ops.gnext.*)
+from . import _registry  # noqa: F401  (torch.ops.gnext.*)
 
 __all__ = ["enable_compile_fusion", "disable_compile_fusion", "compile_fusion_stats"]
 

@@ -5,7 +5,8 @@ from typing import Optional
 
 import torch
 
-from ._ops import ops  # noqa: F401  (loads the compiled library, then the autograd and CPU kernels)
+from ._library import ACTIVATIONS  # noqa: F401  (re-exported: the names group_norm_act takes)
+from ._registry import ops  # noqa: F401  (the compiled library, fake and CPU kernels, autograd)
 from ._autograd import eager as _eager
 
 _group_norm = _eager["group_norm"]
@@ -35,7 +36,8 @@ def group_norm(
 
     Args:
         input: ``(N, C, *)`` tensor, any number of trailing spatial dims (none included);
-            float32, float16 or bfloat16; contiguous, channels_last / channels_last_3d (kept in
+            float32, float16 or bfloat16 (float64 runs ATen's ``F.group_norm``); contiguous,
+            channels_last / channels_last_3d (kept in
             the output) or any strides (made contiguous first).
         num_groups: G, a positive divisor of C.
         weight, bias: optional ``(C,)`` tensors, dtype of ``input`` or float32, same device.
@@ -47,11 +49,13 @@ def group_norm(
     Raises:
         RuntimeError: ``input.dim() < 2``; C not divisible by num_groups; num_groups <= 0;
             weight/bias not of shape ``(C,)``, on another device or of another dtype; unsupported
-            dtype (integer, bool, complex, float64).
+            dtype (integer, bool, complex).
 
     Differentiable in input, weight and bias (torch.ops.gnext.group_norm_backward), and traceable
     by ``torch.compile(fullgraph=True)``.
     """
+    if input.dtype == torch.float64:  # gnext's kernels are float32-accumulating; float64 keeps ATen's
+        return torch.nn.functional.group_norm(input, num_groups, weight, bias, eps)
     return _group_norm(input, num_groups, weight, bias, eps)
 
 
@@ -108,7 +112,14 @@ def conv_transpose2d_gelu_group_norm(
         num_groups, gn_weight, gn_bias, eps, approximate)
 
 
-ACTIVATIONS = ("identity", "silu", "gelu", "gelu_tanh", "relu", "tanh", "hardswish", "tanh_hardswish")
+
+
+def _act_float64(n: torch.Tensor, act: str) -> torch.Tensor:
+    F = torch.nn.functional
+    fns = {"identity": lambda t: t, "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+           "relu": F.relu, "tanh": torch.tanh, "hardswish": F.hardswish,
+           "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t))}
+    return fns[act](n)
 
 
 def group_norm_act(
@@ -140,6 +151,12 @@ def group_norm_act(
 
     Differentiable in input, weight, bias and residual; traceable by ``torch.compile(fullgraph=True)``.
     """
+    if input.dtype == torch.float64:  # ATen's ops, as group_norm
+        if activation not in ACTIVATIONS:
+            raise RuntimeError(f"gnext.group_norm_act: activation must be one of {', '.join(ACTIVATIONS)}; "
+                               f"got '{activation}'")
+        out = _act_float64(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), activation)
+        return out if residual is None else out + residual
     return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual)
 
 

@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import nn
 
-from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act
+from .functional import ACTIVATIONS, conv_transpose2d_gelu_group_norm, group_norm, group_norm_act
 
 _log = logging.getLogger("groupnorm_ext")
 
@@ -117,13 +117,23 @@ def convert_conv_transpose_gelu_group_norm(module: nn.Module) -> nn.Module:
 class GroupNormAct(nn.GroupNorm):
     r"""``act(GroupNorm(x)) [+ residual]`` (:func:`groupnorm_ext.functional.group_norm_act`).
 
-    Same constructor as ``nn.GroupNorm`` plus ``activation`` (default ``"silu"``); same parameters and
+    Same constructor as ``nn.GroupNorm`` (``num_groups, num_channels, eps=1e-5, affine=True, device=None,
+    dtype=None``, keyword ``bias=True``: ``bias=False`` drops the shift, as in ``nn.GroupNorm``) plus
+    ``activation`` (default ``"silu"``, one of ``groupnorm_ext.functional.ACTIVATIONS``); same parameters and
     ``state_dict`` keys (``weight``, ``bias``), so an ``nn.GroupNorm`` checkpoint loads.
     ``forward(x, residual=None)``.
+
+    Raises:
+        ValueError: ``activation`` not one of ``ACTIVATIONS`` (at construction, not at the first forward).
     """
 
-    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, activation="silu", device=None, dtype=None):
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, activation="silu", device=None, dtype=None,
+                 *, bias=True):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"GroupNormAct: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
         super().__init__(num_groups, num_channels, eps, affine, device=device, dtype=dtype)
+        if affine and not bias:  # nn.GroupNorm's bias=False (torch >= 2.12 has the keyword; 2.11 does not)
+            self.register_parameter("bias", None)
         self.activation = activation
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor = None) -> torch.Tensor:
