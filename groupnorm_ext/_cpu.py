@@ -169,13 +169,11 @@ def _param_grouped(p, s):
     return p.float().view(1, s[2], s[3], 1)
 
 
-def _aten_params(input, weight, bias, C):
-    """weight/bias for ATen's CPU kernels: float32 for 16-bit inputs (its statistics then come back float32,
-    gnext's contract, and the math runs in float32), ones/zeros where None."""
+def _aten_stat_params(input, C):
+    """Unit weight/bias for ATen's CPU kernels, float32 for 16-bit inputs: its statistics then come back float32
+    (gnext's contract) and its math runs in float32."""
     pdt = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
-    w = torch.ones(C, dtype=pdt) if weight is None else weight.to(pdt)
-    b = torch.zeros(C, dtype=pdt) if bias is None else bias.to(pdt)
-    return w, b
+    return torch.ones(C, dtype=pdt), torch.zeros(C, dtype=pdt)
 
 
 def _aten_input(t):
@@ -194,7 +192,7 @@ def _group_norm(op, input, num_groups, weight, bias, eps):
     if input.numel() == 0:
         nan = torch.full((N, G), float("nan"))
         return torch.empty(input.shape, dtype=input.dtype, memory_format=fmt), nan, nan.clone()
-    w, b = _aten_params(input, None, None, C)
+    w, b = _aten_stat_params(input, C)
     _, mu, r = torch.ops.aten.native_group_norm(_aten_input(input), w, b, N, C, HxW, G, eps)
     mu, r = mu.float(), r.float()
     scale = r.repeat_interleave(D, 1)  # (N, C)

@@ -7,6 +7,7 @@ import torch
 
 from ._library import ACTIVATIONS  # noqa: F401  (re-exported: the names group_norm_act takes)
 from ._registry import ops  # noqa: F401  (the compiled library, fake and CPU kernels, autograd)
+from . import _cpu
 from ._autograd import eager as _eager
 
 _group_norm = _eager["group_norm"]
@@ -113,15 +114,6 @@ def conv_transpose2d_gelu_group_norm(
 
 
 
-
-def _act_float64(n: torch.Tensor, act: str) -> torch.Tensor:
-    F = torch.nn.functional
-    fns = {"identity": lambda t: t, "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-           "relu": F.relu, "tanh": torch.tanh, "hardswish": F.hardswish,
-           "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t))}
-    return fns[act](n)
-
-
 def group_norm_act(
     input: torch.Tensor,
     num_groups: int,
@@ -152,10 +144,8 @@ def group_norm_act(
     Differentiable in input, weight, bias and residual; traceable by ``torch.compile(fullgraph=True)``.
     """
     if input.dtype == torch.float64:  # ATen's ops, as group_norm
-        if activation not in ACTIVATIONS:
-            raise RuntimeError(f"gnext.group_norm_act: activation must be one of {', '.join(ACTIVATIONS)}; "
-                               f"got '{activation}'")
-        out = _act_float64(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), activation)
+        act = _cpu.parse_activation("gnext.group_norm_act", activation)
+        out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
         return out if residual is None else out + residual
     return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual)
 
