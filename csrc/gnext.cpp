@@ -5,10 +5,14 @@
 #include <Python.h>
 #include <torch/csrc/stable/library.h>
 
+#include <cstdlib>
 #include <exception>
+#include <string>
 
+#include "group_norm/group_norm_tuning.h"
 #ifdef USE_CUDA
 #include "group_norm/group_norm_aten.h"
+#include "group_norm/group_norm_plan_text.h"
 #endif
 
 STABLE_TORCH_LIBRARY(gnext, m) {
@@ -78,12 +82,118 @@ static PyObject* set_aten_kernels_py(PyObject*, PyObject* arg) {
 #endif
 }
 
+// _tuning() -> [(env name, value, doc)]: the process's Tuning (group_norm/group_norm_tuning.h).
+static PyObject* tuning_py(PyObject*, PyObject*) {
+  const gnext::gn::Tuning& t = gnext::gn::tuning();
+  PyObject* list = PyList_New(0);
+  if (list == nullptr) return nullptr;
+  for (const auto& f : gnext::gn::kTuningFields) {
+    PyObject* item = Py_BuildValue("(sis)", f.env, t.*f.field, f.doc);
+    if (item == nullptr || PyList_Append(list, item) != 0) {
+      Py_XDECREF(item);
+      Py_DECREF(list);
+      return nullptr;
+    }
+    Py_DECREF(item);
+  }
+  return list;
+}
+
+// _set_tuning(knobs: dict[str, int] | None): the defaults with `knobs` (GNEXT_* names) applied, or None: the
+// environment's values again. Not while ops run on other threads.
+static PyObject* set_tuning_py(PyObject*, PyObject* arg) {
+  using gnext::gn::Tuning;
+  if (arg == Py_None) {
+    gnext::gn::set_tuning(gnext::gn::tuning_from([](const char* n) { return std::getenv(n); }));
+    Py_RETURN_NONE;
+  }
+  if (!PyDict_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "_set_tuning: knobs must be a dict {'GNEXT_...': int} or None");
+    return nullptr;
+  }
+  Tuning t{};
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(arg, &pos, &key, &value)) {
+    const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8AndSize(key, nullptr) : nullptr;
+    if (name == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_set_tuning: knob names must be str");
+      return nullptr;
+    }
+    int Tuning::*field = nullptr;
+    for (const auto& f : gnext::gn::kTuningFields)
+      if (std::string(name) == f.env) field = f.field;
+    if (field == nullptr) {
+      PyErr_Format(PyExc_ValueError, "_set_tuning: unknown knob '%s' (python -m groupnorm_ext --info lists them)",
+                   name);
+      return nullptr;
+    }
+    const long v = PyLong_AsLong(value);
+    if (v == -1 && PyErr_Occurred()) return nullptr;
+    t.*field = static_cast<int>(v);
+  }
+  gnext::gn::set_tuning(t);
+  Py_RETURN_NONE;
+}
+
+// _plan((N, C, G, HxW), esize, channels_last, act, residual, device) -> str: the forward and backward plans for
+// `device`, a 7-tuple (SMs, CC major, shared memory per SM, per block, reserved per block, L2 bytes, peak GB/s),
+// or None: the current CUDA device. _device() -> that 7-tuple of the current CUDA device.
+static PyObject* plan_py(PyObject*, PyObject* args) {
+  long long N, C, G, HxW;
+  int esize, cl, act, residual;
+  PyObject* dev = nullptr;
+  if (!PyArg_ParseTuple(args, "(LLLL)ipipO", &N, &C, &G, &HxW, &esize, &cl, &act, &residual, &dev)) return nullptr;
+#ifdef USE_CUDA
+  try {
+    std::array<int64_t, 7> d{};
+    if (dev == Py_None) {
+      d = gnext::current_plan_device();
+    } else {
+      long long v[7];
+      if (!PyArg_ParseTuple(dev, "LLLLLLL", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6])) return nullptr;
+      for (int i = 0; i < 7; ++i) d[i] = v[i];
+    }
+    const std::string text = gnext::describe_plans({N, C, G, HxW}, esize, cl != 0, act, residual != 0, d);
+    return PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size()));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+#else
+  (void)N, (void)C, (void)G, (void)HxW, (void)esize, (void)cl, (void)act, (void)residual, (void)dev;
+  PyErr_SetString(PyExc_RuntimeError, "gnext was built without CUDA: there is no CUDA planner");
+  return nullptr;
+#endif
+}
+
+static PyObject* device_py(PyObject*, PyObject*) {
+#ifdef USE_CUDA
+  try {
+    const std::array<int64_t, 7> d = gnext::current_plan_device();
+    return Py_BuildValue("(LLLLLLL)", static_cast<long long>(d[0]), static_cast<long long>(d[1]),
+                         static_cast<long long>(d[2]), static_cast<long long>(d[3]), static_cast<long long>(d[4]),
+                         static_cast<long long>(d[5]), static_cast<long long>(d[6]));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+#else
+  PyErr_SetString(PyExc_RuntimeError, "gnext was built without CUDA");
+  return nullptr;
+#endif
+}
+
 // The Python module `groupnorm_ext._C`: importing it loads this library, which runs the registrations above.
 extern "C" __attribute__((visibility("default"))) PyObject* PyInit__C(void) {
   static PyMethodDef methods[] = {
       {"_set_aten_kernels", set_aten_kernels_py, METH_O,
        "gnext's CUDA kernels for aten::native_group_norm(_backward) on (True), off (False) or unchanged (None); "
        "returns the previous state."},
+      {"_tuning", tuning_py, METH_NOARGS, "[(GNEXT_* name, value, doc)] of the process's tuning."},
+      {"_set_tuning", set_tuning_py, METH_O, "Tuning from {GNEXT_* name: int} over the defaults, or None: the environment's."},
+      {"_plan", plan_py, METH_VARARGS, "The planner's forward and backward plans as text."},
+      {"_device", device_py, METH_NOARGS, "The current CUDA device as the planner sees it (7 ints)."},
       {nullptr, nullptr, 0, nullptr}};
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module_def);

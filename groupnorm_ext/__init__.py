@@ -16,6 +16,7 @@ Each op has CUDA kernels (C++ on PyTorch's stable ABI: one build loads on every 
 (``_cpu.py``), autograd (``_autograd.py``) and fake kernels (``_ops.py``).
 """
 from ._registry import ops
+from ._library import set_tuning, tuning
 from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp
 from .compile_fusion import disable_compile_fusion, enable_compile_fusion
 from .aten_kernels import aten_kernels, aten_kernels_enabled, disable_aten_kernels, enable_aten_kernels
@@ -25,5 +26,5 @@ from .modules import (ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct, con
 __all__ = ["ops", "group_norm", "GroupNorm", "convert_group_norm", "conv_transpose2d_gelu_group_norm",
            "ConvTranspose2dGELUGroupNorm", "convert_conv_transpose_gelu_group_norm", "group_norm_act", "GroupNormAct",
            "convert_group_norm_act", "group_norm_act_logsumexp", "enable_compile_fusion", "disable_compile_fusion",
-           "enable_aten_kernels", "disable_aten_kernels", "aten_kernels_enabled", "aten_kernels"]
+           "enable_aten_kernels", "disable_aten_kernels", "aten_kernels_enabled", "aten_kernels", "tuning", "set_tuning"]
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """The leaf of the package: loads the compiled library (which defines torch.ops.gnext.* and registers
 their CUDA kernels through PyTorch's stable ABI) and holds the rules every other module shares: the
-activation names and the output layout. Imports nothing else of gnext."""
+activation names, the output layout, and the launch planner's tuning overrides. Imports nothing else of gnext."""
 from __future__ import annotations
 
 import torch
@@ -31,3 +31,27 @@ def memory_format(input: torch.Tensor) -> torch.memory_format:
     if input.dim() == 5 and input.is_contiguous(memory_format=torch.channels_last_3d):
         return torch.channels_last_3d
     return torch.contiguous_format
+
+
+def tuning() -> dict[str, int]:
+    """The launch planner's overrides in effect, ``{"GNEXT_ONEPASS": 1, ...}`` (-1: the planner's rule).
+    Read once from the environment at the first op; :func:`set_tuning` replaces them."""
+    return {name: value for name, value, _ in _C._tuning()}
+
+
+def tuning_docs() -> dict[str, str]:
+    """What each tuning knob does (the one table: csrc/group_norm/group_norm_tuning.h)."""
+    return {name: doc for name, _, doc in _C._tuning()}
+
+
+def set_tuning(knobs: dict[str, int] | None) -> dict[str, int]:
+    """Replaces the planner's overrides: the defaults with ``knobs`` applied (names with or without the
+    ``GNEXT_`` prefix), or ``None``: the environment's values again. Returns the previous overrides, which
+    ``set_tuning(previous)`` restores. For measurements and tests, not while ops run on other threads.
+    Raises ValueError for an unknown knob."""
+    previous = tuning()
+    if knobs is None:
+        _C._set_tuning(None)
+    else:
+        _C._set_tuning({(k if k.startswith("GNEXT_") else "GNEXT_" + k): int(v) for k, v in knobs.items()})
+    return previous

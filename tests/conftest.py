@@ -149,6 +149,29 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32 = prev
 
 
+class _Tuning:
+    """The planner's overrides for one test (groupnorm_ext.set_tuning over the defaults, not the environment)."""
+
+    def __init__(self):
+        self.knobs: dict[str, int] = {}
+
+    def set(self, name: str, value: str | int) -> None:
+        """Sets knob `name` (GNEXT_*) to `value`; "" leaves it at its default."""
+        if value == "":
+            self.knobs.pop(name, None)
+        else:
+            self.knobs[name] = int(value)
+        groupnorm_ext.set_tuning(self.knobs)
+
+
+@pytest.fixture
+def tuning():
+    """Sets the launch planner's knobs for the test (tuning.set("GNEXT_ONEPASS", "0")); restored afterwards."""
+    previous = groupnorm_ext.set_tuning({})
+    yield _Tuning()
+    groupnorm_ext.set_tuning(previous)
+
+
 def perturb_params(model, scale=0.3):
     """Adds scale * randn to every parameter (default inits are too regular: weight 1, bias 0) and
     returns the model."""

@@ -131,13 +131,13 @@ def test_grad_out_layout_differs(case, dy_fmt, dtype, device):
 @pytest.mark.parametrize("act", ["identity", "silu"])
 @pytest.mark.parametrize("shape,G", [((2, 64, 48, 48), 8), ((3, 40, 33, 35), 8), ((2, 8, 3, 5, 7), 2),
                                      ((2, 96, 17, 19), 6), ((1, 2048, 9, 9), 32)])
-def test_gpu_nchw_grad_out_read_in_place(shape, G, act, dtype, monkeypatch):
+def test_gpu_nchw_grad_out_read_in_place(shape, G, act, dtype, tuning):
     """An NCHW grad_out of a channels_last input, read in place by the NHWC two-pass kernels, gives
     the same bits as the copy into channels_last (GNEXT_DY_NCHW=0): the sums run in the same order.
     Shapes: odd rows per step and ragged last steps (96 and 40 channels), C = 2048 at 81 pixels (a
     thread walks several channel vectors). With an activation (silu) the backward takes the copy
     either way."""
-    monkeypatch.setenv("GNEXT_ONEPASS", "0")
+    tuning.set("GNEXT_ONEPASS", "0")
     fmt = CL if len(shape) == 4 else CL3
     gen = torch.Generator().manual_seed(11)
     x = rand_input(shape, dtype, "cuda", memory_format=fmt, gen=gen)
@@ -147,7 +147,7 @@ def test_gpu_nchw_grad_out_read_in_place(shape, G, act, dtype, monkeypatch):
     _, mean, rstd = torch.ops.gnext.group_norm_act(x, G, w, b, 1e-5, act, None)
     outs = {}
     for knob in ("1", "0"):
-        monkeypatch.setenv("GNEXT_DY_NCHW", knob)
+        tuning.set("GNEXT_DY_NCHW", knob)
         poison("cuda", 4 * x.numel() * x.element_size())
         outs[knob] = torch.ops.gnext.group_norm_act_backward(dy, x, mean, rstd, w, b, G, act, [True, True, True])
     for a, c in zip(outs["1"], outs["0"]):
@@ -291,18 +291,10 @@ def _onepass_settings(case):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case,onepass", [(c, o) for c in ONEPASS_CASES for o in _onepass_settings(c)],
                          ids=lambda v: _ids(v) if isinstance(v, tuple) else f"onepass{v}")
-def test_gpu_onepass_geometries(case, dtype, onepass, monkeypatch):
-    monkeypatch.setenv("GNEXT_ONEPASS", onepass)
-    monkeypatch.setenv("GNEXT_SMALL", "0")  # small groups would take the small-group kernel (tested below)
+def test_gpu_onepass_geometries(case, dtype, onepass, tuning):
+    tuning.set("GNEXT_ONEPASS", onepass)
+    tuning.set("GNEXT_SMALL", "0")  # small groups would take the small-group kernel (tested below)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=13)
-
-
-def _set_knob(monkeypatch, name, value):
-    """Sets the environment knob `name` to `value`, or leaves it unset (its default) for ""."""
-    if value:
-        monkeypatch.setenv(name, value)
-    else:
-        monkeypatch.delenv(name, raising=False)
 
 
 # Streamed one-pass plans (more tiles than co-resident CTAs) under both publish orders (GNEXT_ONEPASS_EARLY:
@@ -321,12 +313,12 @@ STREAMED_CASES = [
 @pytest.mark.parametrize("early", ["", "0", "1"])
 @pytest.mark.parametrize("pack", ["", "0"])
 @pytest.mark.parametrize("case", STREAMED_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"_G{c[1]}")
-def test_gpu_onepass_streamed_orders(case, pack, early, dtype, monkeypatch):
+def test_gpu_onepass_streamed_orders(case, pack, early, dtype, tuning):
     shape, G, ctas = case
-    monkeypatch.setenv("GNEXT_ONEPASS", "2")  # the backward streamed too
-    _set_knob(monkeypatch, "GNEXT_ONEPASS_CTAS", ctas)
-    _set_knob(monkeypatch, "GNEXT_ONEPASS_EARLY", early)
-    _set_knob(monkeypatch, "GNEXT_ONEPASS_PACK", pack)
+    tuning.set("GNEXT_ONEPASS", "2")  # the backward streamed too
+    tuning.set("GNEXT_ONEPASS_CTAS", ctas)
+    tuning.set("GNEXT_ONEPASS_EARLY", early)
+    tuning.set("GNEXT_ONEPASS_PACK", pack)
     run_case(shape, G, None, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=17)
 
 
@@ -350,12 +342,12 @@ WIDE_CASES = [
 # (the backward, where a slice fits within one channel's HxW, holds that much of x and of dy each)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", WIDE_CASES, ids=_ids)
-def test_gpu_wide_kernels(case, dtype, held, ahead, monkeypatch):
+def test_gpu_wide_kernels(case, dtype, held, ahead, tuning):
     """The wide kernels forward and backward (run_case checks both against the float64 reference)."""
-    monkeypatch.setenv("GNEXT_ONEPASS", "0")
-    monkeypatch.setenv("GNEXT_WIDE", "2")
-    _set_knob(monkeypatch, "GNEXT_WIDE_HELD", held)
-    _set_knob(monkeypatch, "GNEXT_WIDE_AHEAD", ahead)
+    tuning.set("GNEXT_ONEPASS", "0")
+    tuning.set("GNEXT_WIDE", "2")
+    tuning.set("GNEXT_WIDE_HELD", held)
+    tuning.set("GNEXT_WIDE_AHEAD", ahead)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
     run_case(*case, dtype, "cuda", affine="none", seed=29)
     if dtype == torch.float32:  # mean 1e4, std 1: Welford merges; the error left is ulp(mean) / std
@@ -380,13 +372,13 @@ WIDE_NHWC_CASES = [
 @pytest.mark.parametrize("held", ["", "0", "1040"])  # all of a CTA's rows in shared memory; none; 1040 bytes
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", WIDE_NHWC_CASES, ids=_ids)
-def test_gpu_wide_nhwc_forward(case, dtype, held, ahead, monkeypatch):
+def test_gpu_wide_nhwc_forward(case, dtype, held, ahead, tuning):
     """Forward (and, through run_case, the backward after it) against float64; GroupNorm+SiLU with a
     residual; float32 near a large mean."""
-    monkeypatch.setenv("GNEXT_ONEPASS", "0")
-    monkeypatch.setenv("GNEXT_WIDE_NHWC", "2")
-    _set_knob(monkeypatch, "GNEXT_WIDE_HELD", held)
-    _set_knob(monkeypatch, "GNEXT_WIDE_AHEAD", ahead)
+    tuning.set("GNEXT_ONEPASS", "0")
+    tuning.set("GNEXT_WIDE_NHWC", "2")
+    tuning.set("GNEXT_WIDE_HELD", held)
+    tuning.set("GNEXT_WIDE_AHEAD", ahead)
     shape, G, fmt = case
     assert any("wide_nhwc_forward" in n for n in _cuda_kernels(
         lambda: torch.ops.gnext.group_norm(rand_input(shape, dtype, "cuda", memory_format=fmt), G, None, None, 1e-5)))
@@ -407,7 +399,7 @@ def test_gpu_wide_nhwc_forward(case, dtype, held, ahead, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_wide_nhwc_forward_is_taken_and_deterministic(monkeypatch):
+def test_gpu_wide_nhwc_forward_is_taken_and_deterministic(tuning):
     """The default rule takes the channels_last wide forward for a single 16.8 MB image (1x512x128x128 bf16, a
     VAE decoder map), GroupNorm and GroupNorm+SiLU, not for two of them; bitwise the same from run to run;
     matches the two-pass kernels."""
@@ -422,7 +414,7 @@ def test_gpu_wide_nhwc_forward_is_taken_and_deterministic(monkeypatch):
                for n in _cuda_kernels(lambda: torch.ops.gnext.group_norm_act(x, 32, w, b, 1e-5, "silu", None)))
     outs = [torch.ops.gnext.group_norm(x, 32, w, b, 1e-5) for _ in range(3)]
     assert all(torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs)
-    monkeypatch.setenv("GNEXT_WIDE_NHWC", "0")
+    tuning.set("GNEXT_WIDE_NHWC", "0")
     two = torch.ops.gnext.group_norm(x, 32, w, b, 1e-5)
     torch.testing.assert_close(outs[0][1], two[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[0][2], two[2], rtol=1e-4, atol=0)
@@ -430,7 +422,7 @@ def test_gpu_wide_nhwc_forward_is_taken_and_deterministic(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_wide_forward_is_taken_and_deterministic(monkeypatch):
+def test_gpu_wide_forward_is_taken_and_deterministic(tuning):
     """The default rule takes the wide kernel for 33.6 MB groups (a 1x128x2048x2048 bf16 map); its result
     is bitwise the same from run to run and matches the two-pass kernels."""
     x = rand_input((1, 128, 2048, 2048), torch.bfloat16, "cuda")
@@ -440,7 +432,7 @@ def test_gpu_wide_forward_is_taken_and_deterministic(monkeypatch):
     assert any("wide_forward" in n for n in names), names
     outs = [torch.ops.gnext.group_norm(x, 32, w, b, 1e-5) for _ in range(3)]
     assert all(torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs)
-    monkeypatch.setenv("GNEXT_WIDE", "0")
+    tuning.set("GNEXT_WIDE", "0")
     two = torch.ops.gnext.group_norm(x, 32, w, b, 1e-5)
     torch.testing.assert_close(outs[0][1], two[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[0][0].float(), two[0].float(), rtol=1.6e-2, atol=1.6e-2)
@@ -470,11 +462,11 @@ def test_gpu_wide_forward_rule_for_epilogues():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", [((2, 1280, 16, 16), 32, CL), ((3, 96, 7, 9), 3, CL), ((2, 64, 4, 8, 8), 8, CL3),
                                   ((2, 96, 33, 37), 12, CL), ((1, 40, 2, 24, 40), 5, CL3)], ids=_ids)
-def test_gpu_nhwc_min_rows(case, dtype, rows, monkeypatch):
+def test_gpu_nhwc_min_rows(case, dtype, rows, tuning):
     """The two-pass NHWC kernels with the GNEXT_NHWC_MIN_ROWS chunking (fewer, longer chunks); the last
     two cases have HxW >= 1024 (1221: 38-row chunks, the last one short; 1920: 60-row chunks)."""
-    monkeypatch.setenv("GNEXT_ONEPASS", "0")
-    _set_knob(monkeypatch, "GNEXT_NHWC_MIN_ROWS", rows)
+    tuning.set("GNEXT_ONEPASS", "0")
+    tuning.set("GNEXT_NHWC_MIN_ROWS", rows)
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=17)
 
 
@@ -510,11 +502,11 @@ def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gpu_ragged_forward_is_one_launch(dtype, monkeypatch):
+def test_gpu_ragged_forward_is_one_launch(dtype, tuning):
     """ResNet-GN 7x7 (HxW = 49, not a multiple of the vector): the forward runs the vectorized one-pass
     kernel (whole-group tiles) in one launch, not the scalar two-pass kernels; GroupNorm+SiLU with a
     residual too. (Its 392-element groups take the small-group kernel by default: GNEXT_SMALL=0 here.)"""
-    monkeypatch.setenv("GNEXT_SMALL", "0")
+    tuning.set("GNEXT_SMALL", "0")
     x = rand_input((32, 256, 7, 7), dtype, "cuda")
     w = torch.rand(256, device="cuda", dtype=dtype) + 0.5
     fwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, w, w, 1e-5))
@@ -528,14 +520,14 @@ def test_gpu_ragged_forward_is_one_launch(dtype, monkeypatch):
                                          ((2, 320, 64, 64), 32, None), ((2, 64, 96, 96), 8, None),
                                          ((16, 512, 32, 32), 32, CL), ((1, 128, 256, 256), 32, CL)], ids=str)
 @pytest.mark.parametrize("knobs", ["GNEXT_ONEPASS=2", "GNEXT_ONEPASS=0", "GNEXT_ONEPASS=0,GNEXT_WIDE_NHWC=2"])
-def test_gpu_cuda_graph_replay(shape, G, fmt, knobs, monkeypatch):
+def test_gpu_cuda_graph_replay(shape, G, fmt, knobs, tuning):
     """Forward + backward captured in a CUDA graph (memset of the counters and cooperative
     launches included) give the same bits on replay as eagerly, for fresh inputs copied in.
     GNEXT_ONEPASS=2: the channels_last shapes take the NHWC one-pass kernel too; GNEXT_ONEPASS=0: the
     two-pass kernels (programmatic dependent launches captured as graph edges); GNEXT_WIDE_NHWC=2: the
     channels_last shapes take the channels_last wide forward."""
     for knob in knobs.split(","):
-        monkeypatch.setenv(*knob.split("="))
+        tuning.set(*knob.split("="))
     x = rand_input(shape, torch.float32, "cuda", memory_format=fmt)
     w = torch.rand(shape[1], device="cuda") + 0.5
     b = torch.randn(shape[1], device="cuda")
@@ -637,10 +629,10 @@ def test_gpu_beyond_2_31_elements(shape, fmt):
 @pytest.mark.parametrize("onepass", ["1", "0"])
 @pytest.mark.parametrize("fmt", [None, CL], ids=["nchw", "cl"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
-def test_nonfinite_propagates_like_torch(device, onepass, fmt, bad, monkeypatch):
+def test_nonfinite_propagates_like_torch(device, onepass, fmt, bad, tuning):
     """A NaN/Inf in a group makes that group's output non-finite exactly where F.group_norm's is
     (NaN vs NaN, the other groups finite and equal); other groups are untouched."""
-    monkeypatch.setenv("GNEXT_ONEPASS", onepass)
+    tuning.set("GNEXT_ONEPASS", onepass)
     x = rand_input((2, 8, 6, 6), torch.float32, device, memory_format=fmt, gen=torch.Generator().manual_seed(9))
     x[1, 2, 3, 4] = bad  # group 1 of sample 1
     w = torch.rand(8, device=device) + 0.5
@@ -685,12 +677,12 @@ SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is tak
 @pytest.mark.parametrize("knob", ["", "GNEXT_SMALL=0", "GNEXT_SMALL_FILL=0", "GNEXT_SMALL_FILL=64", "GNEXT_SMALL_KREG=8",
                                   "GNEXT_SMALL_CTA=0", "GNEXT_SMALL_CTA=1"])
 @pytest.mark.parametrize("case", SMALL_CASES, ids=_ids)
-def test_gpu_small_groups(case, knob, dtype, monkeypatch):
+def test_gpu_small_groups(case, knob, dtype, tuning):
     """Default plan; the other kernels (GNEXT_SMALL=0); the fewest lanes per group (grid fill off) and the
     most (up to one vector per lane, GNEXT_SMALL_FILL=64); registers for 8 vectors per lane in every plan;
     no CTA-per-group plan, or one for the backward only."""
     if knob:
-        _set_knob(monkeypatch, *knob.split("="))
+        tuning.set(*knob.split("="))
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=19)
 
 

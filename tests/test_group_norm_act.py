@@ -77,8 +77,8 @@ def test_matches_float64_reference(device, act, dtype, fmt):
     ((2, 64, 33, 35), 16, None),     # rows not 16-byte aligned: scalar path
     ((12, 192, 33, 33), 12, None),   # ragged one-pass forward (D*HxW a multiple of 8), two-pass backward
 ])
-def test_kernel_paths(onepass, act, shape, G, fmt, monkeypatch):
-    monkeypatch.setenv("GNEXT_ONEPASS", onepass)
+def test_kernel_paths(onepass, act, shape, G, fmt, tuning):
+    tuning.set("GNEXT_ONEPASS", onepass)
     for dtype in (torch.float32, torch.bfloat16):
         _check("cuda", dtype, fmt, shape, G, act, with_res=True, seed=7)
 
@@ -101,9 +101,9 @@ def test_small_group_forward(act):
 @pytest.mark.parametrize("knobs", ["", "GNEXT_SMALL_FILL=0", "GNEXT_SMALL_FILL=64", "GNEXT_SMALL_KREG=8",
                                    "GNEXT_SMALL_KREG=8 GNEXT_SMALL_FILL=0"])
 @pytest.mark.parametrize("act", ["silu", "relu", "hardswish", "gelu"])
-def test_small_group_backward_plans(act, knobs, monkeypatch):
+def test_small_group_backward_plans(act, knobs, tuning):
     for knob in knobs.split():
-        monkeypatch.setenv(*knob.split("="))
+        tuning.set(*knob.split("="))
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         _check("cuda", dtype, None, (8, 64, 4, 4), 16, act, with_res=True, seed=5)
         _check("cuda", dtype, None, (64, 64, 4, 4), 1, act, with_res=False, seed=8)  # fp32: 8 vectors per lane
@@ -128,30 +128,30 @@ def test_small_group_cta_plans(act):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["silu", "relu", "tanh_hardswish", "gelu_tanh"])
-def test_wide_forward(act, monkeypatch):
+def test_wide_forward(act, tuning):
     """The wide kernels (forced: GNEXT_WIDE=2 and no one-pass) with each epilogue and a residual, forward and
     backward (the backward where a slice fits within one channel: all but bf16/fp16's 1 KB slices here)."""
-    monkeypatch.setenv("GNEXT_ONEPASS", "0")
-    monkeypatch.setenv("GNEXT_WIDE", "2")
-    monkeypatch.setenv("GNEXT_WIDE_HELD", "2064")
+    tuning.set("GNEXT_ONEPASS", "0")
+    tuning.set("GNEXT_WIDE", "2")
+    tuning.set("GNEXT_WIDE_HELD", "2064")
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         _check("cuda", dtype, None, (2, 16, 48, 40), 4, act, with_res=True, seed=11)
         _check("cuda", dtype, None, (1, 8, 40, 64), 2, act, with_res=False, seed=13)
 
 
 @pytest.mark.gpu
-def test_wide_kernels_large_shared_memory(monkeypatch):
+def test_wide_kernels_large_shared_memory(tuning):
     """Wide kernels of several activations in one process, each with over 48 KB of shared memory per CTA
     (each kernel's limit must be raised on its own), forward and backward, against the two-pass kernels."""
     gen = torch.Generator().manual_seed(3)
     x = rand_input((1, 32, 1024, 1024), torch.float32, "cuda", gen=gen)
     w = (torch.randn(32, generator=gen) * 0.5 + 1).cuda()
     dy = torch.randn(x.shape, generator=gen).cuda()
-    monkeypatch.setenv("GNEXT_ONEPASS", "0")
+    tuning.set("GNEXT_ONEPASS", "0")
     for act in ["identity", "silu", "gelu"]:
         outs = {}
         for wide in ("2", "0"):
-            monkeypatch.setenv("GNEXT_WIDE", wide)
+            tuning.set("GNEXT_WIDE", wide)
             y, mean, rstd = torch.ops.gnext.group_norm_act(x, 8, w, w, 1e-5, act, None)
             g = torch.ops.gnext.group_norm_act_backward(dy, x, mean, rstd, w, w, 8, act, [True, True, True])
             torch.cuda.synchronize()
@@ -241,25 +241,25 @@ def _large_mean_case(device, seed, shape=(1, 12, 65, 2), mean=1000.0):
     return x, w, b, dy
 
 
-def _kernel_path(device, path, monkeypatch, small_shape):
-    """Environment for one kernel path; the shape of _large_mean_case that takes it (small_shape: at least 64
+def _kernel_path(device, path, tuning, small_shape):
+    """Planner knobs for one kernel path; the shape of _large_mean_case that takes it (small_shape: at least 64
     groups of 3, for the small-group kernels)."""
     if path == "small" and device != "cuda":
         pytest.skip("the small-group kernels are CUDA kernels")
-    monkeypatch.setenv("GNEXT_ONEPASS", "0" if path == "twopass" else "1")
-    monkeypatch.setenv("GNEXT_SMALL", "1" if path == "small" else "0")
+    tuning.set("GNEXT_ONEPASS", "0" if path == "twopass" else "1")
+    tuning.set("GNEXT_SMALL", "1" if path == "small" else "0")
     return small_shape if path == "small" else (1, 12, 65, 2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("path", ["onepass", "twopass", "small"])
-def test_relu_backward_uses_forward_kinks(device, path, monkeypatch):
+def test_relu_backward_uses_forward_kinks(device, path, tuning):
     """ReLU's derivative in the backward is taken where the forward put the kink: against a float64
     GroupNorm backward whose upstream gradient is dy masked by the forward's own output (out > 0), at a
     large mean (1000) where a float32 pre-activation differs from the exact one by ~1e-4. grad_bias is
     then exactly sum(dy * (out > 0)) per channel, up to float32 summation."""
     # small: 96 groups of 40 elements (HxW = 10: float32 vectors cross channels)
-    shape = _kernel_path(device, path, monkeypatch, (32, 12, 5, 2))
+    shape = _kernel_path(device, path, tuning, (32, 12, 5, 2))
     G = 3
     for seed in range(3):
         x, w, b, dy = _large_mean_case(device, seed, shape=shape)
@@ -277,13 +277,13 @@ def test_relu_backward_uses_forward_kinks(device, path, monkeypatch):
 @pytest.mark.parametrize("act", ["relu", "hardswish", "silu", "gelu"])
 @pytest.mark.parametrize("path", ["onepass", "twopass", "small"])
 @pytest.mark.parametrize("mean", [1000.0, -300.0])
-def test_large_mean_away_from_kinks(device, act, path, mean, monkeypatch):
+def test_large_mean_away_from_kinks(device, act, path, mean, tuning):
     """float32 at a large mean, inputs drawn so that no exact pre-activation lies within 1e-2 of a kink
     (ReLU 0, hardswish -3 and 3): forward and every gradient match the float64 reference about as closely
     as eager PyTorch's float32 (its worst on the CPU: output 3.6e-5, grad_input 2.7e-5, grad_weight 1.9e-4,
     grad_bias 3.0e-5)."""
     # small: 66 groups of 4 elements (HxW = 1), few enough values that a seed clear of the kinks is soon found
-    shape = _kernel_path(device, path, monkeypatch, (22, 12, 1, 1))
+    shape = _kernel_path(device, path, tuning, (22, 12, 1, 1))
     G, kinks = 3, {"relu": (0.0,), "hardswish": (-3.0, 3.0)}.get(act, ())
     seed = 0
     while True:
@@ -320,13 +320,13 @@ def _exact_grad_errors(device, act, seeds, shape=(1, 12, 65, 2), mean=1000.0):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("act", ["relu", "hardswish"])
 @pytest.mark.parametrize("path", ["onepass", "twopass"])
-def test_kink_gradient_vs_exact_as_accurate_as_eager(device, act, path, monkeypatch):
+def test_kink_gradient_vs_exact_as_accurate_as_eager(device, act, path, tuning):
     """grad_input against the exact float64 gradient (not against gnext's own forward) at mean 1000, where
     the float32 rounding of the mean (3e-5) moves a pre-activation near a kink across it in a few samples
     in 100, for any float32 implementation, eager included. Over 200 samples, gnext has no more such
     samples than eager (error > 1e-3), and its median error is at most eager's: its pre-activation
     (x - mean) * rstd * gamma + beta is as exact as eager's."""
-    _kernel_path(device, path, monkeypatch, None)
+    _kernel_path(device, path, tuning, None)
     ours, eager = _exact_grad_errors(device, act, range(200))
     bad_ours, bad_eager = sum(e > 1e-3 for e in ours), sum(e > 1e-3 for e in eager)
     assert bad_ours <= bad_eager + 1, (bad_ours, bad_eager)

@@ -12,17 +12,15 @@
 
 namespace gnext {
 
-// Sizes of a GroupNorm problem: input (N, C, *spatial), HxW = prod(spatial), D = C / G.
-struct GNShape {
-  int64_t N, C, G, D, HxW;
-};
+// Sizes of a GroupNorm problem (group_norm_launch.h), the one struct the checks, the planner and the kernels share.
+using gn::Problem;
 
 inline bool is_supported_dtype(ScalarType t) {
   return t == ScalarType::Float || t == ScalarType::Half || t == ScalarType::BFloat16;
 }
 
 // Checks input/num_groups/weight/bias and returns the problem sizes. `op` names the caller in messages.
-inline GNShape check_group_norm_args(const char* op, const Tensor& input, int64_t num_groups,
+inline Problem check_group_norm_args(const char* op, const Tensor& input, int64_t num_groups,
                                      const OptTensor& weight, const OptTensor& bias) {
   GNEXT_CHECK(input.dim() >= 2, op, ": input must have shape (N, C, *) with at least 2 dims, got input.dim()=",
               input.dim(), " (shape ", shape(input), ")");
@@ -66,10 +64,10 @@ inline ScalarType param_grad_dtype(const Tensor& input, const OptTensor& weight)
 }
 
 // Checks every argument of the backward op and returns the problem sizes.
-inline GNShape check_group_norm_backward_args(const char* op, const Tensor& grad_out, const Tensor& input,
+inline Problem check_group_norm_backward_args(const char* op, const Tensor& grad_out, const Tensor& input,
                                               const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
                                               int64_t num_groups) {
-  const GNShape s = check_group_norm_args(op, input, num_groups, weight, std::nullopt);
+  const Problem s = check_group_norm_args(op, input, num_groups, weight, std::nullopt);
   GNEXT_CHECK(same_shape(grad_out.sizes(), input.sizes()), op, ": grad_out.shape=", shape(grad_out),
               " must equal input.shape=", shape(input));
   GNEXT_CHECK(grad_out.scalar_type() == input.scalar_type(), op, ": grad_out dtype (", grad_out.scalar_type(),
@@ -96,7 +94,7 @@ inline void fill_empty_stats(Tensor& mean, Tensor& rstd) {
 // Backward outputs selected by output_mask, allocated: dx in the input's memory format,
 // grad_weight / grad_bias (C,) of param_grad_dtype. For an input with no elements the parameter
 // gradients are zeros.
-inline std::tuple<OptTensor, OptTensor, OptTensor> alloc_backward_outputs(const Tensor& input, const GNShape& s,
+inline std::tuple<OptTensor, OptTensor, OptTensor> alloc_backward_outputs(const Tensor& input, const Problem& s,
                                                                            const OptTensor& weight,
                                                                            std::array<bool, 3> output_mask) {
   const ScalarType pt = param_grad_dtype(input, weight);
@@ -174,8 +172,8 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
 //  * the backward finalize from per-channel partials (sum dy*(x - mean), sum dy), float2 at
 //    partial[(n*K + k)*C + c]: writes dgamma / dbeta (those given, of one dtype) and returns, if
 //    want_coef, coef (N, C, 4) = (mean, c2, rstd*gamma, c3) with dx = rstd*gamma*dy + c2*(x - mean) + c3.
-std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x, const GNShape& s, const Tensor& shift, double eps);
-Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const GNShape& s, const Tensor& mean,
+std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x, const Problem& s, const Tensor& shift, double eps);
+Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const Problem& s, const Tensor& mean,
                                      const Tensor& rstd, const OptTensor& weight, const OptTensor& dgamma,
                                      const OptTensor& dbeta, bool want_coef);
 

@@ -1,36 +1,39 @@
-// CUDA implementation of the GroupNorm ops: argument checks, allocation and launches (the launch policy,
-// which kernel and what geometry, is group_norm_heuristics.h). Kernels: group_norm_launch.h (group_norm_kernels.cu).
+// CUDA implementation of the GroupNorm ops: check -> plan (group_norm_plan.h: which kernel, what geometry, a pure
+// function of the problem and the device) -> allocate -> launch. Kernels: group_norm_launch.h.
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
 
 #include "../common/cuda_utils.h"
 #include "group_norm.h"
-#include "group_norm_heuristics.h"
+#include "group_norm_plan.h"
 #include "group_norm_launch.h"
 
 namespace gnext {
 namespace {
 
 using gn::AffineGeometry;
+using gn::Kernel;
 using gn::OnePassArgs;
 using gn::OnePassGeometry;
 using gn::PartialLayout;
-using gn::Problem;
-using gn::ReduceGeometry;
+using gn::Plan;
 using gn::ScalarKind;
 
-using gn::kMaxThreads;
-using gn::kUnroll;
-
-using gn::affine_geometry;
-using gn::onepass_geometry;
 using gn::partial_layout;
-using gn::reduce_geometry;
-using gn::use_nhwc;
-using gn::vector_width;
 
 }  // namespace
+
+gn::Device plan_device() {
+  const DeviceProps& d = device_props();
+  return {d.multiProcessorCount,
+          d.major,
+          static_cast<int64_t>(d.sharedMemPerMultiprocessor),
+          static_cast<int64_t>(d.sharedMemPerBlockOptin),
+          static_cast<int64_t>(d.reservedSharedMemPerBlock),
+          static_cast<int64_t>(d.l2CacheSize),
+          peak_dram_gbs(d)};
+}
 
 ScalarKind scalar_kind(ScalarType t) {
   switch (t) {
@@ -60,7 +63,11 @@ Counters onepass_counters(const OnePassGeometry& g, const Tensor& like, cudaStre
   return g.T == 1 ? Counters{} : zeroed_counters(like, g.units, stream);
 }
 
-Problem to_problem(const GNShape& s) { return {s.N, s.C, s.G, s.D, s.HxW}; }
+bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
 // Kernel arguments of the pointwise extension. residual: in the layout of the kernels' x (or
 // undefined); rstd, gamma, beta: for the epilogue's backward.
@@ -89,9 +96,15 @@ bool plan_out_nchw(AffineGeometry& ag, gn::PwArgs& pw, bool want_nchw, const Poi
   return pw.out_nchw;
 }
 
-// The one-pass kernels take a pointwise extension only in NCHW (the NHWC one has none).
-bool onepass_allows(const Pointwise& pro, bool nhwc) {
-  return !nhwc || (pro.kind == kPreNone && pro.act == kActIdentity && !defined(pro.residual));
+// The planner's view of a call: x's element size and layout and the pointwise extension (alignment: the caller).
+gn::Request request_of(const Tensor& x, const Pointwise& pro) {
+  gn::Request r;
+  r.esize = static_cast<int64_t>(x.element_size());
+  r.contiguous = x.is_contiguous();
+  r.prologue = pro.kind != kPreNone;
+  r.act = pro.act;
+  r.residual = defined(pro.residual);
+  return r;
 }
 
 }  // namespace
@@ -99,10 +112,10 @@ bool onepass_allows(const Pointwise& pro, bool nhwc) {
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
                                                        const Pointwise& pro, bool out_nchw) {
-  const GNShape s = check_group_norm_args(op, input, num_groups, weight, bias);
+  const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
   check_pointwise(op, input, pro);
   GNEXT_CHECK(!out_nchw || !defined(pro.residual), op, ": an NCHW output takes no residual");
-  const Problem p = to_problem(s);
+  const Problem& p = s;
   DeviceGuard guard(input);
   const Tensor x_in = dense_input(input);
   Tensor out = empty_as(input, out_nchw ? MemoryFormat::Contiguous : group_norm_memory_format(input));
@@ -114,12 +127,10 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   }
   const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
   const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
-  bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr(), out.data_ptr()});
-  // HxW == 1: (N, C) memory is the same in both layouts; the small-group kernel (below) is one launch where
-  // the NHWC kernels take three.
-  if (nhwc && p.HxW == 1 && x_in.is_contiguous() &&
-      gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act, {x_in.data_ptr(), out.data_ptr()}))
-    nhwc = false;
+  gn::Request req = request_of(x_in, pro);
+  req.aligned = aligned16({x_in.data_ptr(), out.data_ptr(), defined(pro.residual) ? pro.residual->data_ptr() : nullptr});
+  const Plan plan = gn::plan_forward(p, req, plan_device(), gn::tuning());
+  const bool nhwc = plan.nhwc;
   // channels_last input too wide for the NHWC kernels' shared memory runs in NCHW (out is
   // channels_last: the result is computed into a contiguous y and copied).
   const bool relayout = !nhwc && !x_in.is_contiguous();
@@ -132,9 +143,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   const bool nhwc_out_nchw = nhwc && out_nchw;
   const ScalarKind t = scalar_kind(input.scalar_type());
   const Tensor res = defined(pro.residual) ? dense_in(*pro.residual, suggest_format(x)) : Tensor();
-  const void* res_ptr = res.defined() ? res.data_ptr() : nullptr;
   const gn::PwArgs pw = pw_args(pro, res, nullptr, w, b);
-  const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr(), y.data_ptr(), res_ptr});
   const cudaStream_t stream = current_stream(x);
   // The kernels that take OnePassArgs (one-pass, wide, small-group) get the same arguments: n_partial floats of
   // scratch for their partials (none: no allocation), `counters`, and launch(args).
@@ -152,33 +161,25 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
     if (nhwc_out_nchw) copy_into(out, yk);
     return {out, mean, rstd};
   };
-  // Groups of at most 4 KB: held in registers by a few lanes of a warp, one launch, no scratch.
-  if (const auto sg = nhwc ? std::nullopt
-                           : gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act,
-                                                {x.data_ptr(), y.data_ptr(), res_ptr}))
-    return run_persistent(0, Counters{},
-                          [&](const OnePassArgs& a) { return gn::launch_small_forward(t, p, *sg, a, stream); });
-  const auto og = onepass_allows(pro, nhwc)
-                ? onepass_geometry(p, input.scalar_type(), false, nhwc, pro.kind != kPreNone,
-                                   {x.data_ptr(), y.data_ptr(), res_ptr})
-                : std::nullopt;
-  if (og)  // partials per (tile, group)
-    return run_persistent(s.N * s.G * og->T * 3, onepass_counters(*og, mean, stream),
-                          [&](const OnePassArgs& a) { return gn::launch_onepass(false, t, p, *og, a, stream); });
-  // NCHW groups too large for the one-pass plan: the wide kernel where it pays (wide_geometry).
-  if (const auto wg = nhwc ? std::nullopt
-                           : gn::wide_geometry(p, input.scalar_type(), pro.kind != kPreNone,
-                                               pro.act != kActIdentity || res_ptr != nullptr,
-                                               {x.data_ptr(), y.data_ptr(), res_ptr}))  // partials per (group, CTA)
-    return run_persistent(s.N * s.G * wg->grid * 3, zeroed_counters(mean, s.N * s.G, stream),
-                          [&](const OnePassArgs& a) { return gn::launch_wide_forward(t, p, *wg, a, stream); });
-  // Channels_last images that shared memory and L2 can hold between the two passes (wide_nhwc_geometry).
-  if (const auto wg = nhwc ? gn::wide_nhwc_geometry(p, input.scalar_type(), pro.kind != kPreNone,
-                                                    {x.data_ptr(), y.data_ptr(), res_ptr})
-                           : std::nullopt)  // partials per (image, group, CTA)
-    return run_persistent(s.N * s.G * wg->grid * 3, zeroed_counters(mean, s.N, stream),
-                          [&](const OnePassArgs& a) { return gn::launch_wide_nhwc_forward(t, p, *wg, a, stream); });
-  const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
+  switch (plan.kernel) {
+    case Kernel::kSmall:  // no scratch
+      return run_persistent(0, Counters{}, [&](const OnePassArgs& a) {
+        return gn::launch_small_forward(t, p, plan.small, a, stream);
+      });
+    case Kernel::kOnePass:  // partials per (tile, group)
+      return run_persistent(s.N * s.G * plan.onepass.T * 3, onepass_counters(plan.onepass, mean, stream),
+                            [&](const OnePassArgs& a) { return gn::launch_onepass(false, t, p, plan.onepass, a, stream); });
+    case Kernel::kWide:  // partials per (group, CTA)
+      return run_persistent(s.N * s.G * plan.wide.grid * 3, zeroed_counters(mean, s.N * s.G, stream),
+                            [&](const OnePassArgs& a) { return gn::launch_wide_forward(t, p, plan.wide, a, stream); });
+    case Kernel::kWideNhwc:  // partials per (image, group, CTA)
+      return run_persistent(s.N * s.G * plan.wide.grid * 3, zeroed_counters(mean, s.N, stream), [&](const OnePassArgs& a) {
+        return gn::launch_wide_nhwc_forward(t, p, plan.wide, a, stream);
+      });
+    case Kernel::kTwoPass:
+      break;
+  }
+  const gn::ReduceGeometry& rg = plan.reduce;
   const int64_t n_partial = s.N * s.C * rg.K * 3, n_coef = s.N * s.C * 4;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_coef}), stream);
   float* partial = ws.take(n_partial);
@@ -187,7 +188,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), p, partial_layout(p, rg),
                                              partial, ptr_or_null(w), ptr_or_null(b), ptr<float>(mean),
                                              ptr<float>(rstd), coef, static_cast<float>(eps), nullptr, stream));
-  AffineGeometry ag = affine_geometry(p, nhwc, V);
+  AffineGeometry ag = plan.affine;
   gn::PwArgs pw_out = pw;
   const bool copy_nchw = nhwc_out_nchw && !plan_out_nchw(ag, pw_out, nhwc_out_nchw, pro, p, x.element_size());
   const Tensor yk = copy_nchw ? empty_as(x, group_norm_memory_format(x)) : y;
@@ -200,11 +201,11 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
 namespace {
 
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_impl(
-    const char* op, const GNShape& s, const Tensor& grad_out, const Tensor& input, const Tensor& mean,
+    const char* op, const Problem& s, const Tensor& grad_out, const Tensor& input, const Tensor& mean,
     const Tensor& rstd, const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask,
     const Pointwise& pro) {
   check_pointwise(op, input, pro);
-  const Problem p = to_problem(s);
+  const Problem& p = s;
   if (defined(pro.gn_bias)) check_group_norm_args(op, input, num_groups, weight, pro.gn_bias);
   DeviceGuard guard(input);
   const bool need_params = output_mask[1] || output_mask[2];
@@ -217,36 +218,28 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_impl(
   // following op that made the gradient contiguous) is read in place by the NHWC two-pass kernels
   // (pw.dy_nchw) instead of being copied first, without an output activation (GroupNorm, the fused
   // conv op's prologue); the NHWC one-pass kernel and group_norm_act's backward still take the copy.
-  // GNEXT_DY_NCHW=0 always copies (measurements).
+  // Tuning::dy_nchw = 0 always copies (measurements).
   const MemoryFormat fmt = group_norm_memory_format(x_in);
+  const gn::Tuning& tun = gn::tuning();
   const bool dy_nchw_ok = fmt != MemoryFormat::Contiguous && pro.act == kActIdentity && grad_out.is_contiguous() &&
-                          !is_dense_in(grad_out, fmt) && gn::env_int("GNEXT_DY_NCHW", 1) != 0;
+                          !is_dense_in(grad_out, fmt) && tun.dy_nchw != 0;
   Tensor dy_in = dy_nchw_ok ? grad_out : dense_in(grad_out, fmt);
-  // Groups of at most 4 KB in NCHW memory (HxW == 1: channels_last too, the same (N, C) memory): the
-  // small-group kernel.
-  const bool flat = x_in.is_contiguous() && dy_in.is_contiguous();
-  const auto sg = flat ? gn::small_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act,
-                                            {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr},
-                                            /*bwd=*/true)
-                       : std::nullopt;
-  const bool nhwc = !sg && use_nhwc(x_in, p, gn::kGradStateBytes,
-                                    {x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr});
+  gn::Request req = request_of(x_in, pro);
+  req.aligned = aligned16({x_in.data_ptr(), dy_in.data_ptr(), dx ? dx->data_ptr() : nullptr});
+  req.flat = x_in.is_contiguous() && dy_in.is_contiguous();
+  req.need_dx = output_mask[0];
+  const Plan plan = gn::plan_backward(p, req, plan_device(), tun);
+  const bool nhwc = plan.nhwc;
   const bool relayout = !nhwc && !x_in.is_contiguous();
   const Tensor x = relayout ? contig(x_in) : x_in;
   const Tensor dx_work = !dx ? Tensor() : relayout ? empty_as(x, MemoryFormat::Contiguous) : *dx;
-  const auto og = sg || !output_mask[0] || !onepass_allows(pro, nhwc)
-                      ? std::nullopt
-                      : onepass_geometry(p, input.scalar_type(), true, nhwc, pro.kind != kPreNone,
-                                         {x.data_ptr(), dy_in.data_ptr(), dx_work.data_ptr()});
   bool dy_nchw = nhwc && dy_nchw_ok;
-  if (dy_nchw && og) {
+  if (dy_nchw && plan.kernel == Kernel::kOnePass) {
     dy_in = dense_in(grad_out, fmt);
     dy_nchw = false;
   }
   const Tensor dy = relayout ? contig(grad_out) : dy_in;
   const ScalarKind t = scalar_kind(input.scalar_type());
-  const int V = vector_width(input.scalar_type(), nhwc ? s.C : s.HxW,
-                             {x.data_ptr(), dy.data_ptr(), dx_work.defined() ? dx_work.data_ptr() : nullptr});
   const OptTensor b = defined(pro.gn_bias) ? OptTensor(contig(*pro.gn_bias)) : std::nullopt;
   gn::PwArgs pw = pw_args(pro, Tensor(), ptr<float>(rstd_c), w, b);
   pw.dy_nchw = dy_nchw;
@@ -279,22 +272,24 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_impl(
     if (relayout) copy_into(*dx, dx_work);
     return {dx, dgamma, dbeta};
   };
-  if (sg)
-    return run_persistent(0, Counters{},
-                          [&](const OnePassArgs& a) { return gn::launch_small_backward(t, p, *sg, a, stream); });
-  if (og)  // NCHW: partials per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
-    return run_persistent(og->nhwc ? (s.N * s.C + s.N * s.G) * og->T * 2 : s.N * s.C * og->sub * 2,
-                          onepass_counters(*og, mean_c, stream),
-                          [&](const OnePassArgs& a) { return gn::launch_onepass(true, t, p, *og, a, stream); });
-  // NCHW groups too large for the one-pass plan: the wide kernel where it pays (wide_geometry).
-  if (const auto wg = nhwc || !output_mask[0]
-                          ? std::nullopt
-                          : gn::wide_geometry(p, input.scalar_type(), pro.kind != kPreNone, pro.act != kActIdentity,
-                                              {x.data_ptr(), dy.data_ptr(), dx_work.data_ptr()}, /*bwd=*/true))
-    // partials: a float4 per (group, CTA)
-    return run_persistent(s.N * s.G * wg->grid * 4, zeroed_counters(mean_c, s.N * s.G, stream),
-                          [&](const OnePassArgs& a) { return gn::launch_wide_backward(t, p, *wg, a, stream); });
-  const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kGradStateBytes, /*bwd=*/true);
+  const OnePassGeometry& og = plan.onepass;
+  switch (plan.kernel) {
+    case Kernel::kSmall:
+      return run_persistent(0, Counters{}, [&](const OnePassArgs& a) {
+        return gn::launch_small_backward(t, p, plan.small, a, stream);
+      });
+    case Kernel::kOnePass:  // NCHW: partials per (n, c, piece); NHWC: per (tile, channel), then per (tile, group)
+      return run_persistent(og.nhwc ? (s.N * s.C + s.N * s.G) * og.T * 2 : s.N * s.C * og.sub * 2,
+                            onepass_counters(og, mean_c, stream),
+                            [&](const OnePassArgs& a) { return gn::launch_onepass(true, t, p, og, a, stream); });
+    case Kernel::kWide:  // partials: a float4 per (group, CTA)
+      return run_persistent(s.N * s.G * plan.wide.grid * 4, zeroed_counters(mean_c, s.N * s.G, stream),
+                            [&](const OnePassArgs& a) { return gn::launch_wide_backward(t, p, plan.wide, a, stream); });
+    case Kernel::kWideNhwc:
+    case Kernel::kTwoPass:
+      break;
+  }
+  const gn::ReduceGeometry& rg = plan.reduce;
   const int64_t n_partial = s.N * s.C * rg.K * 2, n_coef = output_mask[0] ? s.N * s.C * 4 : 0;
   Scratch ws = scratch(x, scratch_floats({n_partial, n_dsum, n_coef}), stream);
   float* partial = ws.take(n_partial);
@@ -307,8 +302,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_impl(
                                               ptr_or_null(w), dsum, coef, stream));
   gamma_beta();
   if (output_mask[0]) {
-    const auto ag = affine_geometry(p, nhwc, V, /*bwd=*/true, /*act=*/pro.act != kActIdentity);
-    GNEXT_CUDA_CHECK(gn::launch_affine(true, t, p, ag, x.data_ptr(), dy.data_ptr(), dx_work.data_ptr(), coef, pw,
+    GNEXT_CUDA_CHECK(gn::launch_affine(true, t, p, plan.affine, x.data_ptr(), dy.data_ptr(), dx_work.data_ptr(), coef, pw,
                                      stream));
     if (relayout) copy_into(*dx, dx_work);
   }
@@ -320,7 +314,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_impl(
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
     const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro) {
-  const GNShape s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
+  const Problem s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
   auto res = group_norm_backward_impl(op, s, grad_out, input, mean, rstd, weight, num_groups, output_mask, pro);
   // A group of one element normalizes to 0 whatever x is, so grad_input is exactly 0 (as eager's). The
   // kernels' rstd*gamma*dy + c3 leaves the rounding of two products instead (~1e-5 at rstd = 1/sqrt(eps)).
@@ -328,19 +322,20 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
   return res;
 }
 
-std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const GNShape& s, const Tensor& shift,
+std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const Problem& s, const Tensor& shift,
                                                  double eps) {
-  const Problem p = to_problem(s);
+  const Problem& p = s;
   Tensor mean = empty_on(x_in, {s.N, s.G}, ScalarType::Float);
   Tensor rstd = empty_on(x_in, {s.N, s.G}, ScalarType::Float);
   if (x_in.numel() == 0) {
     fill_empty_stats(mean, rstd);
     return {mean, rstd};
   }
-  const bool nhwc = use_nhwc(x_in, p, gn::kMomentsStateBytes, {x_in.data_ptr()});
-  const Tensor x = nhwc || x_in.is_contiguous() ? x_in : contig(x_in);
-  const int V = vector_width(x.scalar_type(), nhwc ? s.C : s.HxW, {x.data_ptr()});
-  const ReduceGeometry rg = reduce_geometry(p, nhwc, V, gn::kMomentsStateBytes);
+  gn::Request req = request_of(x_in, Pointwise{});
+  req.aligned = aligned16({x_in.data_ptr()});
+  const Plan plan = gn::plan_stats(p, req, plan_device(), gn::tuning());
+  const Tensor x = plan.nhwc || x_in.is_contiguous() ? x_in : contig(x_in);
+  const gn::ReduceGeometry& rg = plan.reduce;
   Tensor partial = empty_on(x, {s.N * s.C * rg.K * 3}, ScalarType::Float);
   const cudaStream_t stream = current_stream(x);
   GNEXT_CUDA_CHECK(gn::launch_reduce(false, scalar_kind(x.scalar_type()), p, rg, x.data_ptr(), nullptr, nullptr,
@@ -352,10 +347,10 @@ std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const GNSha
   return {mean, rstd};
 }
 
-Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const GNShape& s, const Tensor& mean,
+Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const Problem& s, const Tensor& mean,
                                      const Tensor& rstd, const OptTensor& weight, const OptTensor& dgamma,
                                      const OptTensor& dbeta, bool want_coef) {
-  const Problem p = to_problem(s);
+  const Problem& p = s;
   const bool need_params = dgamma.has_value() || dbeta.has_value();
   const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
   Tensor dsum = need_params ? empty_on(mean, {s.N, s.C, 2}, ScalarType::Float) : Tensor();

@@ -9,6 +9,7 @@
 
 #include "../common/device_utils.cuh"
 #include "group_norm_launch.h"
+#include "group_norm_tuning.h"
 
 namespace gnext {
 namespace gn {
@@ -67,11 +68,10 @@ cudaError_t raise_smem_limit(Kernel kernel, size_t smem) {
 // stream finishes (its launch and CTA start-up overlap that kernel's tail); it must call pdl_wait()
 // (common/device_utils.cuh) before its first global memory access, which keeps stream order. Used for every
 // two-pass and small-group kernel: the first one of an op overlaps the tail of the caller's previous kernel,
-// the others their gnext predecessor's. A plain launch before sm_90 or with GNEXT_PDL=0 (measurements).
+// the others their gnext predecessor's. A plain launch before sm_90 or with Tuning::pdl = 0 (measurements).
 inline bool pdl_enabled() {
   static std::atomic<int> major[kMaxDevices];  // compute capability major + 1 per device, 0: not read yet
-  const char* env = std::getenv("GNEXT_PDL");
-  if (env != nullptr && env[0] == '0') return false;
+  if (tuning().pdl == 0) return false;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return false;
   int m = major[dev].load(std::memory_order_relaxed);

@@ -20,10 +20,10 @@ int parse_activation(const char* op, std::string_view activation);
 //   out = logsumexp over dim 1 (keepdim) of [residual ? v : 0] + act(GroupNorm(v)),
 // the tail of KernelBench L2#92 (its conv without bias feeds `input`, the conv bias is input_bias).
 // Checks the arguments and returns the problem sizes.
-GNShape check_lse_args(const char* op, const Tensor& input, const OptTensor& input_bias, int64_t num_groups,
+Problem check_lse_args(const char* op, const Tensor& input, const OptTensor& input_bias, int64_t num_groups,
                        const OptTensor& weight, const OptTensor& bias);
 // Checks grad_out / out ((N, 1, *spatial)) and mean / rstd of the backward.
-void check_lse_backward_args(const char* op, const GNShape& s, const Tensor& input, const Tensor& grad_out,
+void check_lse_backward_args(const char* op, const Problem& s, const Tensor& input, const Tensor& grad_out,
                              const Tensor& out, const Tensor& mean, const Tensor& rstd);
 // Shape (N, 1, *spatial) of the output.
 std::vector<int64_t> lse_out_shape(const Tensor& input);

@@ -6,9 +6,9 @@
 
 namespace gnext {
 
-GNShape check_lse_args(const char* op, const Tensor& input, const OptTensor& input_bias, int64_t num_groups,
+Problem check_lse_args(const char* op, const Tensor& input, const OptTensor& input_bias, int64_t num_groups,
                        const OptTensor& weight, const OptTensor& bias) {
-  const GNShape s = check_group_norm_args(op, input, num_groups, weight, bias);
+  const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
   if (defined(input_bias)) {
     const Tensor& b = *input_bias;
     GNEXT_CHECK(b.dim() == 1 && b.size(0) == s.C, op, ": input_bias must have shape (C,) = (", s.C, "), got ",
@@ -29,7 +29,7 @@ std::vector<int64_t> lse_out_shape(const Tensor& input) {
   return out;
 }
 
-void check_lse_backward_args(const char* op, const GNShape& s, const Tensor& input, const Tensor& grad_out,
+void check_lse_backward_args(const char* op, const Problem& s, const Tensor& input, const Tensor& grad_out,
                              const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   const auto want = lse_out_shape(input);
   const std::pair<const Tensor*, const char*> outs[] = {{&grad_out, "grad_out"}, {&out, "out"}};

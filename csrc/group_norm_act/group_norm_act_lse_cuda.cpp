@@ -21,7 +21,7 @@ Tensor float_or_undef(const OptTensor& t) {
 const float* fptr(const Tensor& t) { return t.defined() ? ptr<float>(t) : nullptr; }
 
 // Layout, vector width and launch geometry for x (dense: contiguous or channels_last).
-LseArgs make_args(const char* op, int phase, const Tensor& x, const GNShape& s, int act, bool residual,
+LseArgs make_args(const char* op, int phase, const Tensor& x, const Problem& s, int act, bool residual,
                   std::initializer_list<const void*> ptrs) {
   LseArgs a{};
   a.N = s.N, a.C = s.C, a.G = s.G, a.HxW = s.HxW, a.act = act, a.residual = residual;
@@ -59,7 +59,7 @@ std::tuple<Tensor, Tensor, Tensor> lse_cuda(const Tensor& input, const OptTensor
                                             const OptTensor& weight, const OptTensor& bias, double eps,
                                             const std::string& activation, bool residual) {
   constexpr const char* op = "gnext.group_norm_act_logsumexp";
-  const GNShape s = check_lse_args(op, input, input_bias, num_groups, weight, bias);
+  const Problem s = check_lse_args(op, input, input_bias, num_groups, weight, bias);
   const int act = parse_activation(op, activation);
   DeviceGuard guard(input);
   Tensor out = empty_on(input, lse_out_shape(input), input.scalar_type());
@@ -85,7 +85,7 @@ std::tuple<OptTensor, OptTensor, OptTensor, OptTensor> lse_backward_cuda(
     const std::string& activation, bool residual, const std::vector<bool>& output_mask) {
   constexpr const char* op = "gnext.group_norm_act_logsumexp_backward";
   const std::array<bool, 4> mask = mask_array<4>(op, output_mask);
-  const GNShape s = check_lse_args(op, input, input_bias, num_groups, weight, bias);
+  const Problem s = check_lse_args(op, input, input_bias, num_groups, weight, bias);
   check_lse_backward_args(op, s, input, grad_out, out, mean, rstd);
   const int act = parse_activation(op, activation);
   GNEXT_CHECK(!mask[1] || defined(input_bias), op, ": grad of input_bias requested without input_bias");

@@ -32,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "kernelbench"))
-from timing import Timer, copy_bandwidth, save_results, with_env  # noqa: E402
+from timing import Timer, copy_bandwidth, save_results, with_tuning  # noqa: E402
 import level2_19_convtranspose_gelu_groupnorm as kb  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def main():
         x = x0.contiguous(memory_format=fmt)
         for m in (model, new):
             m.to(memory_format=fmt)
-        impls = {"eager": model, "gnext": new, "gnext, dy copied": with_env(new, GNEXT_DY_NCHW="0")}
+        impls = {"eager": model, "gnext": new, "gnext, dy copied": with_tuning(new, GNEXT_DY_NCHW="0")}
         if not args.no_compile:
             torch._dynamo.reset()
             impls["compile"] = torch.compile(model)
@@ -109,7 +109,7 @@ def main():
                     torch.autograd.grad(y, [xg] + params, dy)
 
                 if name == "gnext, dy copied":  # the knob is read by the backward op: set it around both
-                    fb = with_env(fb, GNEXT_DY_NCHW="0")
+                    fb = with_tuning(fb, GNEXT_DY_NCHW="0")
                 row[name][f"fwdbwd_ms_dy_{glayout}"] = t_fb = timer(fb, min_reps=5, budget_s=0.5)
                 line += f"  f+b (dy {glayout}) {t_fb:8.3f} ms"
                 if args.profile and name == "gnext":

@@ -5,7 +5,6 @@ calls in a CUDA graph."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import statistics
 import time
@@ -85,20 +84,18 @@ def save_results(out_dir, name, meta, rows, md, quiet=False):
     return md
 
 
-def with_env(fn, **env):
-    """fn run with environment variables set, restored afterwards (gnext reads its GNEXT_* knobs on
-    each call)."""
+def with_tuning(fn, **knobs):
+    """fn run with gnext's planner knobs set (GNEXT_* names, groupnorm_ext.set_tuning over the current
+    ones), restored afterwards."""
     def run(*a):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+        import groupnorm_ext as ge
+
+        previous = ge.tuning()
+        ge.set_tuning({**previous, **{k: int(v) for k, v in knobs.items()}})
         try:
             return fn(*a)
         finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            ge.set_tuning(previous)
     return run
 
 

@@ -4,12 +4,12 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/dev/device_run.sh [bench args...]
-#   STEPS="build smoke aten bench test kb fused act sanitize sweep fb ncu host models shapes kernels cudnnprobe" BUDGET_S=580 \
+#   STEPS="build smoke aten bench test kb fused act sanitize ncu host models shapes kernels plan" BUDGET_S=580 \
 #     bash scripts/dev/device_run.sh
 # test runs pytest with PYTEST_N xdist workers (default 8; 0: none). aten: tests/test_aten_kernels.py.
 # models: ROWS (default all), VARIANTS (default all) and MODELS_NAME (output name) of the real-model benchmark (FUSION_WHEN=always: the compile + fusion variant rewrites training graphs too); shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
 # (.peers/ from scripts/dev/fetch_peers.sh carried along); kernels: per-kernel times
-# (scripts/dev/profile_kernels.py); cudnnprobe: scripts/dev/cudnn_fusion_probe.py (.probe/ carried). MATCH:
+# (scripts/dev/profile_kernels.py); plan: the device as the planner sees it and a few plans. MATCH:
 # only the sweep cases / profile shapes whose name contains it.
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
@@ -62,10 +62,6 @@ if has kb; then
   timeout $(( $(left) )) python3 scripts/kernelbench/level1_35_group_norm.py > "$OUT/kernelbench.log" 2>&1
   echo "kernelbench L1#35 rc=$?: $(tail -1 "$OUT/kernelbench.log")"
 fi
-if has sweep; then
-  timeout $(( $(left) )) python3 scripts/dev/onepass_sweep.py --json "$OUT/onepass_sweep.json" > "$OUT/onepass_sweep.log" 2>&1
-  echo "sweep rc=$?"
-fi
 if has fused; then
   t0=$SECONDS
   timeout $(( $(left) - 30 )) python3 scripts/bench/conv_gelu_gn.py --out "$OUT" > "$OUT/bench_l2_19.log" 2>&1
@@ -82,19 +78,16 @@ if has sanitize; then
   mkdir -p "$OUT/sanitizer"
   OUT=$OUT/sanitizer TOOL_TIMEOUT=$(( ($(left) - 10) / 4 )) bash scripts/dev/sanitize.sh
 fi
-if has fb; then
-  timeout $(( $(left) )) python3 scripts/dev/fb_overhead.py > "$OUT/fb_overhead.log" 2>&1
-  echo "fb_overhead rc=$?"; cat "$OUT/fb_overhead.log"
+if has plan; then
+  python3 -c 'import torch, groupnorm_ext as g; torch.zeros(1, device="cuda"); print("planner device:", g._library._C._device())' 2>&1 | tee "$OUT/plan.log"
+  for s in 1,128,1024,1024:32:float16 112,64,512,512:8:float32 16,512,128,128:32:bfloat16:cl 32,2048,7,7:32:bfloat16; do
+    python3 -m groupnorm_ext --plan "$s" >> "$OUT/plan.log" 2>&1
+  done
+  echo "plan rc=$?"
 fi
 if has host; then
   timeout $(( $(left) )) python3 scripts/dev/host_overhead.py --ops --json "$OUT/host_overhead.json" > "$OUT/host_overhead.log" 2>&1
   echo "host_overhead rc=$?"; grep -v Warn "$OUT/host_overhead.log"
-fi
-if has cudnnprobe; then  # issue 18's cuDNN runtime-fusion lead (wheels in .probe/, carried)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/probe .probe/*.whl > "$OUT/probe_install.log" 2>&1
-  PYTHONPATH=/tmp/probe${PYTHONPATH:+:$PYTHONPATH} timeout $(( $(left) - 10 )) python3 scripts/dev/cudnn_fusion_probe.py \
-    > "$OUT/cudnn_fusion_probe.log" 2>&1
-  echo "cudnn probe rc=$?"; sed -n '/^| graph/,$p' "$OUT/cudnn_fusion_probe.log"
 fi
 if has models; then
   t0=$SECONDS

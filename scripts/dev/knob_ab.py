@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "dev"))
 sys.path.insert(0, str(ROOT))
 from profile_kernels import parse_shape  # noqa: E402
-from timing import Timer, cuda_graph, make_inputs, with_env  # noqa: E402
+from timing import Timer, cuda_graph, make_inputs, with_tuning  # noqa: E402
 
 import groupnorm_ext  # noqa: E402,F401
 
@@ -63,7 +63,7 @@ def cases(shape, G, dtype, fmt, act):
 def chain(fn, n, knob, value):
     """A function returning the µs per call of n calls of fn captured in one CUDA graph (with knob=value at
     capture), median of 20 replays."""
-    graph = with_env(lambda: cuda_graph(fn, n), **{knob: value})()
+    graph = with_tuning(lambda: cuda_graph(fn, n), **{knob: value})()
 
     def run():
         graph.replay()
@@ -108,7 +108,7 @@ def main():
                 continue
             times = {v: [] for v in values}
             runs = {v: (chain(fn, args.graph, knob, v) if args.graph
-                        else with_env(lambda: 1e3 * timer(fn, min_reps=10, max_reps=50, budget_s=0.1), **{knob: v}))
+                        else with_tuning(lambda: 1e3 * timer(fn, min_reps=10, max_reps=50, budget_s=0.1), **{knob: v}))
                     for v in values}
             for _ in range(args.rounds):
                 order = values[:]

@@ -14,7 +14,7 @@ import groupnorm_ext  # noqa: E402,F401
 shape = tuple(int(s) for s in sys.argv[1].split(","))
 G, dtype, fmt, direction = int(sys.argv[2]), getattr(torch, sys.argv[3]), sys.argv[4], sys.argv[5]
 if "--two-pass" in sys.argv:
-    os.environ["GNEXT_ONEPASS"] = "0"
+    groupnorm_ext.set_tuning({"GNEXT_ONEPASS": 0})
 x = (torch.randn(shape, device="cuda") * 3 + 2).to(dtype)
 if fmt == "cl":
     x = x.contiguous(memory_format=torch.channels_last)

@@ -29,6 +29,11 @@ SHAPES = [
 ]
 
 
+def set_knob(name, value):
+    """One planner knob (GNEXT_* name) set over the current ones (groupnorm_ext.set_tuning)."""
+    groupnorm_ext.set_tuning({**groupnorm_ext.tuning(), name: int(value)})
+
+
 def parse_shape(text):
     """'2,1280,16,16:32:float16:cl' -> ((2, 1280, 16, 16), 32, torch.float16, torch.channels_last)."""
     dims, G, dtype, *cl = text.split(":")
@@ -69,15 +74,15 @@ def summary(title, mb, variants, reps, settings, env=""):
     for name, (fwd, bwd) in variants.items():
         for onepass in settings:
             for value in values.split(","):
-                os.environ["GNEXT_ONEPASS"] = onepass
+                set_knob("GNEXT_ONEPASS", onepass)
                 if knob:
-                    os.environ[knob] = value
+                    set_knob(knob, value)
                 m, r = warm_up(fwd, bwd)
                 label = f"{name}/{onepass}" + (f"/{value}" if knob else "")
                 cells.append(f"{label} {kernel_us(fwd, reps):7.1f} {kernel_us(lambda: bwd(m, r), reps):7.1f}")
-    os.environ.pop("GNEXT_ONEPASS")
+    groupnorm_ext.set_tuning(None)
     if knob:
-        os.environ.pop(knob)
+        groupnorm_ext.set_tuning(None)
     print(f"{title:<44s} {mb:7.1f} MB | fwd bwd us: " + " | ".join(cells))
 
 
@@ -126,10 +131,10 @@ def main():
               f"fwd floor {2 * mb / 3000:.3f} ms at 3 TB/s)")
         knob, _, values = args.env.partition("=")
         for onepass in args.onepass.split(","):
-            os.environ["GNEXT_ONEPASS"] = onepass
+            set_knob("GNEXT_ONEPASS", onepass)
             for value in values.split(",") if knob else [None]:
                 if knob:
-                    os.environ[knob] = value
+                    set_knob(knob, value)
                 for name, (fwd, bwd) in variants.items():
                     m, r = warm_up(fwd, bwd)
                     torch.cuda.synchronize()
@@ -143,8 +148,8 @@ def main():
                         if ev.device_time_total > 0:
                             print(f"   {ev.device_time_total / ev.count:9.1f} us  x{ev.count:<3d} {ev.key[:100]}")
             if knob:
-                os.environ.pop(knob)
-        os.environ.pop("GNEXT_ONEPASS")
+                groupnorm_ext.set_tuning(None)
+        groupnorm_ext.set_tuning(None)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(50):

@@ -32,6 +32,11 @@ CASES = [  # shape, G, dtype, memory format
 ]
 
 
+def set_knob(name, value):
+    """One planner knob (GNEXT_* name) set over the current ones (groupnorm_ext.set_tuning)."""
+    groupnorm_ext.set_tuning({**groupnorm_ext.tuning(), name: int(value)})
+
+
 def pointwise_cases():
     """group_norm_act (epilogue modes, residual) and the fused ConvTranspose2d+GELU+GroupNorm op
     (prologue modes) on both kernel paths, forward and backward, vs float64."""
@@ -40,7 +45,7 @@ def pointwise_cases():
     acts = {"silu": F.silu, "tanh_hardswish": lambda t: F.hardswish(torch.tanh(t))}
     bad = 0
     for onepass in ("2", "0"):  # 2: one-pass wherever it fits (NHWC too)
-        os.environ["GNEXT_ONEPASS"] = onepass
+        set_knob("GNEXT_ONEPASS", onepass)
         for shape, G, fmt in (((4, 64, 24, 24), 8, None), ((2, 64, 12, 12), 8, CL), ((12, 768, 7, 7), 12, None)):
             g = torch.Generator(device="cuda").manual_seed(1)
             x = torch.randn(shape, device="cuda", generator=g) * 3 + 2
@@ -114,8 +119,8 @@ def main():
         sys.exit(1 if bad else 0)
     # 2: one-pass wherever it fits (NHWC too); 0: two-pass; wide: the channels_last wide forward
     for onepass in ("2", "0", "wide"):
-        os.environ["GNEXT_ONEPASS"] = "0" if onepass == "wide" else onepass
-        os.environ["GNEXT_WIDE_NHWC"] = "2" if onepass == "wide" else "1"
+        set_knob("GNEXT_ONEPASS", "0" if onepass == "wide" else onepass)
+        set_knob("GNEXT_WIDE_NHWC", "2" if onepass == "wide" else "1")
         for shape, G, dtype, fmt in CASES:
             if onepass == "wide" and fmt is None:
                 continue

@@ -1,0 +1,587 @@
+// The GroupNorm launch planner: plan_forward / plan_backward / plan_stats are pure functions of the problem
+// (N, C, G, HxW, element size, layout, alignment, pointwise extension), the device's properties (Device: SM
+// count, shared memory, L2, peak DRAM bandwidth, architecture) and a Tuning (group_norm_tuning.h). No
+// environment, globals, tensors or CUDA calls: the host glue (group_norm_cuda.cpp) checks, plans, allocates and
+// launches, and `python -m groupnorm_ext --plan` prints the same plans for any device.
+//
+// Choice order, forward: layout (NHWC for channels_last when its shared memory fits) -> small-group kernel
+// (groups of <= 4 KB in registers) -> one-pass (groups held in shared memory across a persistent grid) -> wide
+// (one CTA per SM holding a slice of each large group; NCHW, or channels_last single images) -> two-pass
+// (reduce, finalize, elementwise). Backward: small-group -> layout -> one-pass -> wide -> two-pass.
+//
+// The model behind the rules. Every design reads and writes the tensor; what differs is the bytes moved and
+// the bytes each SM keeps in flight. Two-pass: forward 2R + 1W, backward 3R + 1W (the second reads often hit
+// L2), streamed at about 0.95 of copy bandwidth. Persistent (one-pass, wide): 1R + 1W forward, 2R + 1W
+// backward, but a CTA waits for its whole group before it normalizes, so its rate is set by the bytes in
+// flight per SM (stages x tile), measured at 2.0-2.7 TB/s on the H100 and H200 alike. The persistent plans
+// therefore pay while the device's bandwidth is below what the saved pass is worth (persistent_kernels_pay),
+// and below that, where waves of CTAs can overlap their waits (few tiles per group, groups >= SMs).
+// Measurements behind each rule: docs/decisions/.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <optional>
+
+#include "group_norm_launch.h"
+#include "group_norm_tuning.h"
+
+namespace gnext {
+namespace gn {
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// What the planner knows of a GPU. H100 SXM: {132, 9, 233472, 232448, 1024, 52428800, 3352}.
+struct Device {
+  int sms;                 // streaming multiprocessors
+  int major;               // compute capability major
+  int64_t smem_per_sm;     // shared memory per SM, bytes
+  int64_t smem_per_block;  // opt-in maximum per block, bytes
+  int64_t smem_reserved;   // reserved by the system per block, bytes
+  int64_t l2_bytes;
+  int64_t peak_gbs;        // peak DRAM bandwidth, GB/s (2 x memory clock x bus width)
+};
+
+// The call being planned, besides its sizes (Problem).
+struct Request {
+  int64_t esize = 4;       // bytes per element of x: 4 (float32) or 2 (float16, bfloat16)
+  bool contiguous = true;  // x is NCHW-contiguous; else channels_last (NHWC kernels, or an NCHW copy)
+  bool aligned = true;     // every operand pointer is 16-byte aligned
+  bool prologue = false;   // input prologue pre(x + bias[c]) (the fused conv op)
+  int act = kActIdentity;  // output activation
+  bool residual = false;   // output residual
+  bool flat = true;        // backward: x and dy NCHW-contiguous
+  bool need_dx = true;     // backward: grad_input wanted
+};
+
+enum class Kernel : int { kSmall, kOnePass, kWide, kWideNhwc, kTwoPass };
+
+struct Plan {
+  Kernel kernel = Kernel::kTwoPass;
+  bool nhwc = false;  // the kernels' layout
+  int vec = 1;        // elements per access of the two-pass kernels
+  SmallGeometry small{};
+  OnePassGeometry onepass{};
+  WideGeometry wide{};
+  ReduceGeometry reduce{};  // two-pass
+  AffineGeometry affine{};  // two-pass (forward, or backward with need_dx)
+  const char* why = "";
+};
+
+// Widest vector (elements per 16-byte access) for rows of `inner` elements; 1 when a row or pointer is not
+// 16-byte aligned.
+constexpr int vector_width(int64_t esize, int64_t inner, bool aligned) {
+  const int vmax = static_cast<int>(16 / esize);
+  return aligned && inner % vmax == 0 ? vmax : 1;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Two-pass kernels (group_norm_kernels.cuh): how rows are split over CTAs. docs/decisions/two-pass-split.md.
+
+// CTAs per launch: enough to fill every SM four times. H100: 4 x 132 = 528.
+inline int64_t target_ctas(const Device& d, const Tuning& t) {
+  return t.target_ctas > 0 ? t.target_ctas : 4 * int64_t{d.sms};
+}
+// The backward's elementwise pass (NHWC: without an output activation) and NCHW reduction: twice that.
+inline int64_t bwd_target_ctas(const Device& d, const Tuning& t) { return 2 * target_ctas(d, t); }
+
+// NHWC: tpr threads across the C/V channel vectors of a row, rpi rows at once; CTAs take ranges of `chunk`
+// rows: about `target` CTAs, at most kMaxNhwcRows rows each (more CTAs hide the GELU prologue's math), and at
+// most 2^15 / D chunks (the finalize merges D*K partials per group).
+// Example: 16x512x128x128 bf16 channels_last, V = 8: tpr = 64, rpi = 4 (256 threads), K = max(ceil(528 / 16),
+// ceil(16384 / 2048)) = 33 chunks of 497 rows per image.
+struct NhwcSplit {
+  int tpr, rpi, threads;
+  int64_t chunk, K;
+};
+inline NhwcSplit nhwc_split(const Problem& p, int V, int64_t target) {
+  constexpr int kThreads = 256;
+  constexpr int64_t kMaxNhwcRows = 2048;
+  NhwcSplit s{};
+  const int CV = static_cast<int>(p.C / V);
+  s.tpr = std::min(CV, kThreads);
+  s.rpi = std::max(1, kThreads / s.tpr);
+  s.threads = static_cast<int>(round_up(static_cast<int64_t>(s.tpr) * s.rpi, 32));
+  int64_t K = std::max(ceil_div(target, p.N), ceil_div(p.HxW, kMaxNhwcRows));
+  K = std::min(K, ceil_div(p.HxW, static_cast<int64_t>(s.rpi) * kUnroll));
+  K = std::min(K, std::max<int64_t>(1, (int64_t{1} << 15) / p.D));
+  s.chunk = ceil_div(p.HxW, std::max<int64_t>(K, 1));
+  s.K = ceil_div(p.HxW, s.chunk);
+  return s;
+}
+
+// NCHW: each of the N*C rows split into K chunks (at most max_k) so that about `target` CTAs run; chunks start
+// on `align_vecs`-vector boundaries (1 KB at the default 64: a chunk starting mid cache line made every warp's
+// loads straddle one more line). Example: 1x128x2048x2048 bf16, 128 rows, target 528: K = 5 chunks of 839168
+// elements.
+struct RowSplit {
+  int64_t K, chunk;
+  int threads;
+};
+inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k, int64_t target, int64_t align_vecs) {
+  const int64_t rows = p.N * p.C;
+  const int64_t K = rows >= target ? 1 : std::min(ceil_div(target, rows), std::max<int64_t>(1, max_k));
+  RowSplit s{};
+  const int64_t align = V * std::max<int64_t>(1, align_vecs);
+  s.chunk = round_up(ceil_div(p.HxW, K), align);
+  s.K = ceil_div(p.HxW, s.chunk);
+  s.threads = static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(s.chunk / V, kUnroll), 32), 32, kMaxThreads));
+  return s;
+}
+
+// The reduction pass. NHWC chunks are at least min(64, HxW / 32) rows where HxW >= 1024 (the split above cut
+// 64x64 maps into 8-16-row chunks whose partials the finalize then had to merge; 2x640x64x64 fp16 CL forward
+// 30.5 -> 21.8 µs on the H100); Tuning::nhwc_min_rows overrides.
+inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_bytes, bool bwd,
+                                      const Device& d, const Tuning& t) {
+  ReduceGeometry g{};
+  g.nhwc = nhwc;
+  g.vec = V;
+  if (nhwc) {
+    const NhwcSplit s = nhwc_split(p, V, target_ctas(d, t));
+    g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk, g.K = s.K;
+    const int64_t rule = p.HxW >= 1024 ? std::min<int64_t>(64, p.HxW / 32) : 0;
+    const int64_t min_rows = t.nhwc_min_rows >= 0 ? t.nhwc_min_rows : rule;
+    if (min_rows > 0 && g.chunk < min_rows) {
+      g.chunk = std::min(p.HxW, min_rows);
+      g.K = ceil_div(p.HxW, g.chunk);
+    }
+    g.smem = static_cast<size_t>(g.rpi) * p.C * state_bytes;
+    return g;
+  }
+  const RowSplit s = nchw_row_split(p, V, p.HxW / 4096, bwd ? bwd_target_ctas(d, t) : target_ctas(d, t),
+                                    t.chunk_align);
+  g.K = s.K, g.chunk = s.chunk, g.threads = s.threads;
+  return g;
+}
+
+// The elementwise pass. bwd: the backward's dx pass; act: with an output activation's derivative (the NHWC
+// backward with one keeps target_ctas). Short NCHW rows are packed several to a CTA.
+inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, bool bwd, bool act, const Device& d,
+                                      const Tuning& t) {
+  AffineGeometry g{};
+  g.nhwc = nhwc;
+  g.vec = V;
+  const int64_t target = bwd && !(nhwc && act) ? bwd_target_ctas(d, t) : target_ctas(d, t);
+  if (nhwc) {
+    const NhwcSplit s = nhwc_split(p, V, target);
+    g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk;
+    g.grid_x = static_cast<unsigned>(p.N);
+    g.grid_y = static_cast<unsigned>(s.K);
+    return g;
+  }
+  const int64_t rows = p.N * p.C, hwv = p.HxW / V;
+  constexpr int64_t kVecsPerCta = kMaxThreads * kUnroll;
+  int64_t rows_per_cta = std::max<int64_t>(1, kVecsPerCta / hwv);
+  rows_per_cta = std::min(rows_per_cta, std::max<int64_t>(1, rows / target));
+  if (rows_per_cta > 1) {
+    g.rows_per_cta = static_cast<int>(rows_per_cta);
+    g.threads = static_cast<int>(std::min<int64_t>(kMaxThreads, round_up(rows_per_cta * hwv, 32)));
+    g.grid_x = static_cast<unsigned>(ceil_div(rows, rows_per_cta));
+    g.grid_y = 1;
+    g.chunk = p.HxW;
+    return g;
+  }
+  const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta, target, t.chunk_align);
+  g.rows_per_cta = 1;
+  g.chunk = s.chunk;
+  g.threads = s.threads;
+  g.grid_x = static_cast<unsigned>(rows);
+  g.grid_y = static_cast<unsigned>(s.K);
+  return g;
+}
+
+inline PartialLayout partial_layout(const Problem& p, const ReduceGeometry& g) {
+  if (g.nhwc) return {g.K, g.K * p.C, 1, p.C};  // partial[(n * K + k) * C + c]
+  return {g.K, p.C * g.K, g.K, 1};               // partial[(n * C + c) * K + k]
+}
+
+// Layout the kernels run in: NHWC for a channels_last x and for HxW == 1 (the same (N, C) memory), unless
+// the NHWC reduction's rpi * C states exceed a block's shared memory (then an NCHW copy).
+inline bool use_nhwc(const Problem& p, const Request& r, size_t state_bytes, const Device& d, const Tuning& t) {
+  if (r.contiguous && p.HxW != 1) return false;
+  const int V = vector_width(r.esize, p.C, r.aligned);
+  return reduce_geometry(p, true, V, state_bytes, false, d, t).smem <= static_cast<size_t>(d.smem_per_block);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Persistent kernels against the streamed two-pass kernels, by peak DRAM bandwidth. Persistent forward: 1R + 1W
+// at 2.0-2.7 TB/s (bytes in flight per SM); two-pass: 2R + 1W at ~0.95 of copy bandwidth. Persistent pays while
+// 2 / 2.4 < 3 / (0.95 BW), i.e. BW < ~3.8 TB/s. Example: 8x256x256x256 bf16 forward, one-pass / two-pass µs:
+// H100 (3352 GB/s) 269 / 276, H200 (4916 GB/s) 247 / 210. docs/decisions/persistent-vs-streamed.md.
+constexpr int64_t kPersistentMaxPeakGBs = 3800;
+constexpr bool persistent_kernels_pay(int64_t peak_gbs) { return peak_gbs < kPersistentMaxPeakGBs; }
+// It applies to one-pass forwards of at least 64 groups of at least 1 MiB (smaller groups are a tile or two with
+// little waiting; 32 groups of 8 MiB tie).
+constexpr int64_t kStreamedMinGroupBytes = int64_t{1} << 20;
+constexpr int64_t kStreamedMinGroups = 64;
+
+// ---------------------------------------------------------------------------------------------------------------
+// One-pass kernels (group_norm_onepass.cuh): a persistent cooperative grid of `ctas` CTAs per SM holds each
+// group's tiles in shared memory until the group's statistics are complete. docs/decisions/onepass.md.
+//
+// Example: NCHW 2x320x64x64 fp16, G = 32 (D = 10), H100: 2 CTAs per SM -> 264 slots of 114688 stage bytes;
+// 64 units of 40960 elements. 4 * 64 <= 264, so it first tries 264 / 64 = 4 CTAs per group (2-channel tiles,
+// 320 tiles > 264 slots: dropped), then one whole-group tile per CTA: 64 CTAs, no inter-CTA waits.
+// Example (ragged): NCHW 32x2048x7x7 bf16 with tanh (no small-group kernel for it): HxW = 49 is not a multiple of
+// V = 8 but D*HxW = 3136 is, and 1024 groups >= 132 SMs: 1024 whole-group tiles streamed through 528 CTAs (4 per
+// SM: many small groups).
+constexpr int kRaggedSmallBytes = 1 << 20;  // tiny ragged groups below a group per SM: tensors up to this
+
+inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, const Request& r, bool bwd, bool nhwc,
+                                                       const Device& d, const Tuning& tun, int pack_ctas = 0,
+                                                       int64_t pack_tile = 0) {
+  const int onepass = tun.onepass;
+  if (onepass == 0) return std::nullopt;
+  int V = vector_width(r.esize, nhwc ? p.C : p.HxW, r.aligned);
+  // Ragged NCHW forward: HxW not a multiple of the vector but D*HxW is: whole-group tiles whose vectors may
+  // straddle channels. The backward's per-channel sums and a prologue's per-channel bias need channel-aligned
+  // vectors.
+  const int Vg = V == 1 && !nhwc && !bwd && !r.prologue ? vector_width(r.esize, p.D * p.HxW, r.aligned) : 1;
+  const bool ragged = Vg > 1;
+  if (ragged) V = Vg;
+  if (V == 1) return std::nullopt;
+  const int64_t esize = r.esize;
+  if (!bwd && !nhwc && !ragged && onepass != 2 && !persistent_kernels_pay(d.peak_gbs) &&
+      p.D * p.HxW * esize >= kStreamedMinGroupBytes && p.N * p.G >= kStreamedMinGroups)
+    return std::nullopt;
+  const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
+  // Many small NCHW groups (>= 2 per SM, <= 16 KB of stage each): 4 CTAs per SM of 128 threads, so that each SM
+  // has four chains of load -> reduce -> normalize instead of two (32x2048x7x7 bf16 29.2 -> 20.9 µs, H100).
+  const bool many_small = !nhwc && p.N * p.G >= 2 * d.sms && p.D * p.HxW * bytes <= 16384;
+  const int ctas = pack_ctas > 0 ? pack_ctas : std::clamp(tun.onepass_ctas > 0 ? tun.onepass_ctas : many_small ? 4 : 2, 1, 4);
+  const int stages = std::clamp(tun.onepass_nbuf, 2, 4);
+  const int64_t slots = int64_t{d.sms} * ctas;  // co-resident CTAs
+  const int threads = std::max(128, kOnePassThreads / ctas / 32 * 32);
+  const int64_t per_cta = ctas == 1 ? d.smem_per_block : d.smem_per_sm / ctas - d.smem_reserved;
+  const int64_t avail0 = std::min<int64_t>(per_cta, d.smem_per_block) - static_cast<int64_t>(kOnePassStaticSmem);
+  const int64_t ragged_small = tun.ragged_small >= 0 ? tun.ragged_small : kRaggedSmallBytes;
+  // Plan for NHWC blocks of cb channels (cb = 0: NCHW).
+  auto plan = [&](int64_t cb) -> std::optional<OnePassGeometry> {
+    const int64_t extra = nhwc ? threads * V * 8 + cb * 16 : 0;  // NHWC: per-thread sums, per-channel coefs
+    const int64_t avail = avail0 - extra;
+    const int64_t U = nhwc ? p.N * (p.C / cb) : p.N * p.G;  // units: groups (NCHW), channel blocks (NHWC)
+    const int64_t L = nhwc ? cb * p.HxW : p.D * p.HxW;      // elements per unit
+    // Tiles of at most `cap` elements. NCHW: whole channels (balanced over the group) or equal pieces of one;
+    // NHWC: equal ranges of pixel rows.
+    auto make = [&](int nbuf, int64_t cap) -> std::optional<OnePassGeometry> {
+      OnePassGeometry g{};
+      g.nbuf = nbuf, g.vec = V, g.threads = threads, g.nhwc = nhwc, g.units = U;
+      if (nhwc) {
+        const int64_t rows = cap / cb;
+        if (rows < 1) return std::nullopt;
+        g.cb = cb;
+        g.T = ceil_div(p.HxW, rows);
+        g.rows = ceil_div(p.HxW, g.T);
+        g.tile = g.rows * cb;
+        g.sub = g.cpt = 1;
+      } else {
+        cap = cap / V * V;
+        if (cap < V) return std::nullopt;
+        if (p.HxW <= cap) {
+          g.T = ceil_div(p.D, cap / p.HxW);
+          g.cpt = ceil_div(p.D, g.T);
+          g.sub = 1;
+          g.tile = g.cpt * p.HxW;
+        } else {
+          g.sub = ceil_div(p.HxW, cap);
+          g.tile = round_up(ceil_div(p.HxW, g.sub), V);
+          g.cpt = 1;
+          g.T = p.D * g.sub;
+        }
+      }
+      // Ragged: whole-group tiles only, and at least a group per SM (fewer leave SMs idle where the scalar
+      // two-pass kernels use them all), except groups of <= 4 KB in a tensor of <= ragged_small bytes.
+      const bool tiny = L * esize <= 4096 && p.N * p.C * p.HxW * esize <= ragged_small;
+      if (ragged && (g.T != 1 || (U < d.sms && !tiny))) return std::nullopt;
+      g.ragged = ragged;
+      // Groups of several tiles publish early (every wave otherwise waits for the slowest CTA of the last).
+      g.early = tun.onepass_early == kRule ? g.T > 1 : tun.onepass_early != 0;
+      const int64_t tiles = g.units * g.T;
+      g.grid = static_cast<unsigned>(std::min(tiles, slots));
+      if (g.T > g.grid || (nbuf == 1 && tiles > g.grid)) return std::nullopt;
+      g.smem = static_cast<size_t>(nbuf * g.tile * bytes + extra);
+      return g;
+    };
+    // Few units: split each over slots / U CTAs, one tile per CTA. Up to one unit per CTA: one tile each, no
+    // inter-CTA waits. Otherwise stream tiles through `stages` (else 2) stages.
+    if (avail <= 0) return std::nullopt;
+    if (pack_tile > 0) return make(stages, pack_tile);
+    if (4 * U <= slots)  // NHWC: the cap in whole pixel rows, rounded up
+      if (auto g = make(1, std::min(avail / bytes, round_up(ceil_div(L, slots / U), nhwc ? cb : V)))) return g;
+    if (U <= slots)
+      if (auto g = make(1, avail / bytes)) return g;
+    if (nhwc) return std::nullopt;  // NHWC streamed through stages lost to two-pass (UNet 16x512x128x128 bf16)
+    // Backward, streamed, groups of 3 or more tiles and more groups than SMs: two-pass wins (CTAs wait on their
+    // group wave after wave), except on tensors of >= 512 MiB, where two-pass's second read comes from DRAM.
+    const bool big = p.N * p.C * p.HxW * esize >= (int64_t{512} << 20);
+    auto streamed = [&](const OnePassGeometry& g) -> std::optional<OnePassGeometry> {
+      if (bwd && onepass != 2 && !big && g.T >= 3 && U > d.sms) return std::nullopt;
+      return g;
+    };
+    if (auto g = make(stages, avail / stages / bytes)) return streamed(*g);
+    if (stages != 2)
+      if (auto g = make(2, avail / 2 / bytes)) return streamed(*g);
+    return std::nullopt;
+  };
+  if (!nhwc) {
+    const std::optional<OnePassGeometry> g = plan(0);
+    if (pack_ctas > 0 || !g || g->units * g->T <= g->grid || tun.onepass_ctas > 0 || tun.onepass_pack == 0) return g;
+    // Streamed NCHW tiles of whole channels can leave stages unused (16x256x16000 bf16: a 16000-element channel
+    // per 28K-element stage); then more CTAs per SM fit with the same tiles (140.7 -> 122.2 µs, H100).
+    const int64_t need = static_cast<int64_t>(g->smem + kOnePassStaticSmem) + d.smem_reserved;
+    const int fit = static_cast<int>(std::min<int64_t>(4, d.smem_per_sm / need));
+    if (fit <= ctas) return g;
+    const std::optional<OnePassGeometry> q = onepass_geometry(p, r, bwd, nhwc, d, tun, fit, g->tile);
+    return q && q->T == g->T && q->tile == g->tile && q->nbuf == g->nbuf ? q : g;
+  }
+  // NHWC one-pass pays only with at most 16 tiles per unit on tensors of at least 4 MiB (2x640x64x64 fp16 CL,
+  // T = 33: won; 1x512x64x64, T = 128: lost).
+  auto pays = [&](const std::optional<OnePassGeometry>& g) -> std::optional<OnePassGeometry> {
+    if (!g || onepass == 2) return g;
+    if (g->T > 16 || p.N * p.C * p.HxW * esize < (int64_t{4} << 20)) return std::nullopt;
+    return g;
+  };
+  // NHWC units: blocks of whole groups, rows of 16-byte multiples, at most `threads` channels. The widest block
+  // that fits wins; blocks under 128 bytes per row only when nothing wider fits.
+  int64_t narrow = 0;
+  for (int64_t cb = std::min<int64_t>(p.C, threads) / p.D * p.D; cb >= p.D; cb -= p.D) {
+    if (p.C % cb != 0 || (cb * esize) % 16 != 0) continue;
+    if (cb * esize < 128) {
+      if (narrow == 0) narrow = cb;
+      continue;
+    }
+    if (auto g = plan(cb)) return pays(g);
+  }
+  return narrow > 0 ? pays(plan(narrow)) : std::nullopt;
+}
+
+// The one-pass kernels take a pointwise extension only in NCHW.
+constexpr bool onepass_allows(const Request& r, bool nhwc) {
+  return !nhwc || (!r.prologue && r.act == kActIdentity && !r.residual);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Small-group kernels (group_norm_small.cu): NCHW memory (or HxW == 1), no prologue, at least 64 groups of at
+// most kSmallMaxVecs vectors, each held in registers by the fewest lanes (a power of two) taking at most 4
+// vectors (8 at 32 lanes), then more lanes while the grid has fewer than small_fill CTAs per SM. Larger groups
+// (up to 8 vectors per thread of a CTA) get a CTA each where there is at least small_cta_min group per SM
+// (identity, SiLU, ReLU, GELU). docs/decisions/small-groups.md.
+// Example: 256x1024x1x1 bf16 G=32: 8192 groups of 32 elements (4 vectors): 1 lane each gives 32 CTAs, under
+// the 264 of the fill rule -> 2 lanes (64 CTAs) -> 4 lanes (128 CTAs, one vector per lane: no more lanes).
+constexpr int64_t kSmallMinGroups = 64;
+inline std::optional<SmallGeometry> small_geometry(const Problem& p, const Request& r, bool bwd, const Device& d,
+                                                   const Tuning& t) {
+  if (t.small == 0 || r.prologue || p.N * p.G < kSmallMinGroups) return std::nullopt;
+  const int64_t L = p.D * p.HxW;
+  const int V = vector_width(r.esize, L, r.aligned);
+  if (V == 1) return std::nullopt;
+  const int64_t nvec = L / V;
+  SmallGeometry g{};
+  g.vec = V;
+  const bool cta_plan = nvec > kSmallMaxVecs;
+  if (cta_plan) {
+    if (!small_cta_act(r.act)) return std::nullopt;
+    const bool fits = nvec <= int64_t{kSmallThreads} * (kSmallMaxVecs / 32) &&
+                      p.N * p.G >= int64_t{t.small_cta_min} * d.sms;
+    // The backward with an activation stops at 4 vectors per thread (8 took 210 registers).
+    const bool act_bwd_fits = !bwd || r.act == kActIdentity || nvec <= int64_t{kSmallThreads} * 4;
+    if (!fits || !act_bwd_fits || t.small_cta == 0 || (t.small_cta == 1 && !bwd)) return std::nullopt;
+    g.lanes_log2 = kSmallCtaLog2;
+    g.k = static_cast<int>(ceil_div(nvec, int64_t{kSmallThreads}));
+    g.grid = static_cast<unsigned>(p.N * p.G);
+  } else {
+    g.lanes_log2 = 0;
+    while (g.lanes_log2 < 5 && (int64_t{4} << g.lanes_log2) < nvec) ++g.lanes_log2;
+    auto grid_of = [&](int lanes_log2) {
+      return ceil_div(ceil_div(p.N * p.G, int64_t{32} >> lanes_log2), int64_t{kSmallThreads / 32});
+    };
+    const int64_t fill = int64_t{t.small_fill} * d.sms;
+    while (g.lanes_log2 < 5 && (int64_t{1} << g.lanes_log2) < nvec && grid_of(g.lanes_log2) < fill) ++g.lanes_log2;
+    g.k = static_cast<int>(ceil_div(nvec, int64_t{1} << g.lanes_log2));
+    g.grid = static_cast<unsigned>(grid_of(g.lanes_log2));
+  }
+  // Registers sized by k (1, 2, 4, 8) for the activations that have those variants.
+  const bool sized = cta_plan || (small_sized_act(r.act) && t.small_kreg != 8);
+  g.kreg = !sized ? 8 : g.k <= 1 ? 1 : g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
+  g.smem = 0;
+  if (bwd) {  // a CTA's per-channel pieces: one group's (CTA per group) or those of all its warps' groups
+    const SmallPieces pc(static_cast<uint32_t>(p.HxW), static_cast<uint32_t>(V));
+    const int64_t groups_per_cta = cta_plan ? 1 : (kSmallThreads / 32) * (int64_t{32} >> g.lanes_log2);
+    if (!pc.direct) g.smem = static_cast<size_t>(groups_per_cta * p.D * pc.slots * 8);
+    if (g.smem > kSmallMaxSmem) return std::nullopt;
+  }
+  return g;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Wide kernels (group_norm_wide.cuh): one CTA per SM, each a 1 KB-aligned slice of every group, as much of it as
+// fits kept in shared memory and the rest in L2 between the two reads. Every group costs a grid-wide wait, which
+// the saved re-read must outweigh: groups of >= 16 MiB forward, >= 24 MiB backward (48 MiB with an activation),
+// and only where persistent kernels pay. docs/decisions/wide.md.
+// Example: 1x128x2048x2048 bf16 forward on the H100: 32 groups of 32 MiB, slices of 127488 elements. With the
+// look-ahead's two buffers 17.4 MiB of each group would wait in L2, three such rests over half of L2: one buffer,
+// 115712 elements (226 KiB) held per CTA, 2.9 MiB per group in L2.
+constexpr int64_t kWideMinBytes = int64_t{16} << 20;
+constexpr int64_t kWideMinBytesBwd = int64_t{24} << 20;
+constexpr int64_t kWideMinBytesBwdAct = int64_t{48} << 20;
+constexpr int64_t kWideNhwcMinBytes = int64_t{8} << 20;
+
+// Stage buffers of a wide plan whose grid and slice are set: `tensors` staged tensors, 1 + ahead buffers each,
+// out of `avail` bytes, plus `extra`. A forward with the look-ahead has three units' rests in L2 at once, kept
+// under half of L2, else no look-ahead. Sets g.held, g.ahead, g.smem; returns the bytes beyond shared memory.
+inline int64_t wide_stages(WideGeometry& g, int64_t esize, int64_t unit_bytes, int tensors, bool ahead, int64_t avail,
+                           int64_t align, int64_t extra, const Device& d, const Tuning& t) {
+  int64_t rest = 0;
+  auto fill = [&](int a) {
+    const int64_t parts = int64_t{tensors} * (1 + a);
+    int64_t held = std::min<int64_t>(avail / parts / align * align, g.slice * esize);
+    if (t.wide_held >= 0) held = std::min<int64_t>(held, t.wide_held / 16 * 16);
+    g.held = held / esize;
+    g.ahead = a;
+    g.smem = static_cast<size_t>(parts * held + extra);
+    rest = tensors * (unit_bytes - static_cast<int64_t>(g.grid) * held);
+  };
+  fill(ahead && t.wide_ahead != 0 ? 1 : 0);
+  if (g.ahead == 1 && 3 * rest > d.l2_bytes / 2) fill(0);
+  return rest;
+}
+
+// NCHW wide forward or backward, for groups the one-pass plan did not take. epilogue: an output activation or
+// residual.
+inline std::optional<WideGeometry> wide_geometry(const Problem& p, const Request& r, bool epilogue, bool bwd,
+                                                 const Device& d, const Tuning& t) {
+  if (t.wide == 0 || r.prologue || d.major < 8 || vector_width(r.esize, p.HxW, r.aligned) == 1) return std::nullopt;
+  const int64_t esize = r.esize, L = p.D * p.HxW, tensors = bwd ? 2 : 1, bytes = tensors * L * esize;
+  if (L >= (int64_t{1} << 31)) return std::nullopt;  // offsets within a group are 32-bit
+  WideGeometry g{};
+  g.slice = round_up(ceil_div(L, d.sms), 1024 / esize);
+  if (bwd && g.slice > p.HxW) return std::nullopt;  // the backward sums a slice's first two channels only
+  g.grid = static_cast<unsigned>(ceil_div(L, g.slice));
+  g.threads = kWideThreads;
+  const int64_t rest = wide_stages(g, esize, L * esize, static_cast<int>(tensors), /*ahead=*/!bwd,
+                                   d.smem_per_block - static_cast<int64_t>(kWideStaticSmem), 1024, 0, d, t);
+  if (t.wide == 2) return g;
+  if (!persistent_kernels_pay(d.peak_gbs)) return std::nullopt;
+  const int64_t min_bytes = bwd ? (epilogue ? kWideMinBytesBwdAct : kWideMinBytesBwd) : kWideMinBytes;
+  const int64_t max_rest = bwd ? d.l2_bytes : d.l2_bytes / 4;
+  if (bytes < min_bytes || rest > max_rest) return std::nullopt;
+  return g;
+}
+
+// Channels_last wide forward: single images (N = 1) of at least kWideNhwcMinBytes whose part beyond shared
+// memory fits a quarter of L2 (several images lose: each costs ~9 µs of grid-wide wait against ~5.6 µs of saved
+// re-read per 16.8 MB image on the H100). Needs C % V == 0, aligned pointers, at most two groups per vector and
+// lcm(C / V, 32) <= kWideThreads. Example: 1x512x128x128 fp16: 64 vectors per row, 512 threads (8 rows a step),
+// 125 rows (64000 elements) per CTA, 132 CTAs.
+inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, const Request& r, const Device& d,
+                                                      const Tuning& t) {
+  const int64_t esize = r.esize, V = 16 / esize;
+  if (t.wide_nhwc == 0 || r.prologue || d.major < 8 || vector_width(esize, p.C, r.aligned) != V) return std::nullopt;
+  const int64_t CV = p.C / V, L = p.C * p.HxW;
+  if (CV > kWideThreads) return std::nullopt;
+  for (int64_t cv = 0; cv < CV; ++cv)  // at most two groups per vector
+    if ((cv * V + V - 1) / p.D - (cv * V) / p.D > 1) return std::nullopt;
+  const int64_t unit = std::lcm(CV, int64_t{32});  // whole rows and whole warps
+  if (unit > kWideThreads) return std::nullopt;
+  WideGeometry g{};
+  g.threads = static_cast<int>(kWideThreads / unit * unit);
+  const int64_t srows = ceil_div(p.HxW, int64_t{d.sms});
+  g.slice = srows * p.C;
+  g.grid = static_cast<unsigned>(ceil_div(p.HxW, srows));
+  const int64_t stats = int64_t{g.threads} * 2 * static_cast<int64_t>(sizeof(float)) * 3 + p.G * 8;
+  const int64_t avail = d.smem_per_block - static_cast<int64_t>(kWideStaticSmem) - round_up(stats, 16);
+  if (avail <= 0) return std::nullopt;
+  const int64_t rest = wide_stages(g, esize, L * esize, 1, /*ahead=*/p.N > 1, avail, 16, round_up(stats, 16), d, t);
+  if (t.wide_nhwc == 2) return g;
+  if (p.N != 1 || L * esize < kWideNhwcMinBytes || rest > d.l2_bytes / 4) return std::nullopt;
+  return g;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The plans.
+
+inline Plan two_pass_plan(const Problem& p, const Request& r, bool nhwc, bool bwd, const Device& d, const Tuning& t,
+                          const char* why) {
+  Plan plan;
+  plan.kernel = Kernel::kTwoPass;
+  plan.nhwc = nhwc;
+  plan.vec = vector_width(r.esize, nhwc ? p.C : p.HxW, r.aligned);
+  plan.reduce = reduce_geometry(p, nhwc, plan.vec, bwd ? kGradStateBytes : kMomentsStateBytes, bwd, d, t);
+  if (!bwd || r.need_dx) plan.affine = affine_geometry(p, nhwc, plan.vec, bwd, r.act != kActIdentity, d, t);
+  plan.why = why;
+  return plan;
+}
+
+inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, const Tuning& t) {
+  bool nhwc = use_nhwc(p, r, kMomentsStateBytes, d, t);
+  // HxW == 1 in NCHW memory: the small-group kernel is one launch where the NHWC kernels take three.
+  if (nhwc && p.HxW == 1 && r.contiguous && small_geometry(p, r, false, d, t)) nhwc = false;
+  Plan plan = two_pass_plan(p, r, nhwc, false, d, t, "two-pass: no persistent plan fits or pays");
+  if (!nhwc)
+    if (const auto g = small_geometry(p, r, false, d, t)) {
+      plan.kernel = Kernel::kSmall, plan.small = *g, plan.why = "small-group: >= 64 groups of <= 4 KB, in registers";
+      return plan;
+    }
+  if (onepass_allows(r, nhwc))
+    if (const auto g = onepass_geometry(p, r, false, nhwc, d, t)) {
+      plan.kernel = Kernel::kOnePass, plan.onepass = *g;
+      plan.why = g->T == 1 ? "one-pass: every group is one tile in one CTA's shared memory"
+                           : "one-pass: groups of T tiles held in shared memory across the grid";
+      return plan;
+    }
+  if (!nhwc)
+    if (const auto g = wide_geometry(p, r, r.act != kActIdentity || r.residual, false, d, t)) {
+      plan.kernel = Kernel::kWide, plan.wide = *g;
+      plan.why = "wide: groups >= 16 MiB, each CTA a slice held in shared memory + L2, persistent kernels pay";
+      return plan;
+    }
+  if (nhwc)
+    if (const auto g = wide_nhwc_geometry(p, r, d, t)) {
+      plan.kernel = Kernel::kWideNhwc, plan.wide = *g;
+      plan.why = "wide channels_last: one image >= 8 MiB held in shared memory + L2";
+      return plan;
+    }
+  if (!nhwc && !persistent_kernels_pay(d.peak_gbs))
+    plan.why = "two-pass: peak bandwidth >= 3.8 TB/s, the persistent kernels' bytes in flight do not keep up";
+  return plan;
+}
+
+inline Plan plan_backward(const Problem& p, const Request& r, const Device& d, const Tuning& t) {
+  if (r.flat)
+    if (const auto g = small_geometry(p, r, true, d, t)) {
+      Plan plan;
+      plan.kernel = Kernel::kSmall, plan.small = *g, plan.vec = g->vec;
+      plan.why = "small-group: >= 64 groups of <= 4 KB, x and dy in registers";
+      return plan;
+    }
+  const bool nhwc = use_nhwc(p, r, kGradStateBytes, d, t);
+  Plan plan = two_pass_plan(p, r, nhwc, true, d, t, "two-pass: no persistent plan fits or pays");
+  if (r.need_dx && onepass_allows(r, nhwc))
+    if (const auto g = onepass_geometry(p, r, true, nhwc, d, t)) {
+      plan.kernel = Kernel::kOnePass, plan.onepass = *g;
+      plan.why = g->T == 1 ? "one-pass: x and dy of every group as one tile in shared memory"
+                           : "one-pass: groups of T tiles of x and dy held across the grid";
+      return plan;
+    }
+  if (!nhwc && r.need_dx)
+    if (const auto g = wide_geometry(p, r, r.act != kActIdentity, true, d, t)) {
+      plan.kernel = Kernel::kWide, plan.wide = *g;
+      plan.why = "wide: x + dy of a group >= 24 MiB (48 with an activation), slices in shared memory + L2";
+      return plan;
+    }
+  return plan;
+}
+
+// The statistics alone (mean, rstd): the two-pass reduction.
+inline Plan plan_stats(const Problem& p, const Request& r, const Device& d, const Tuning& t) {
+  Request q = r;
+  q.need_dx = false;
+  Plan plan = two_pass_plan(p, q, use_nhwc(p, r, kMomentsStateBytes, d, t), false, d, t, "statistics: reduction");
+  plan.affine = {};
+  return plan;
+}
+
+}  // namespace gn
+}  // namespace gnext

@@ -1,0 +1,93 @@
+"""The launch planner (csrc/group_norm/group_norm_plan.h) through `python -m groupnorm_ext --plan` and the
+tuning reader (groupnorm_ext.tuning / set_tuning): pure functions of the problem and a named device, so these
+run without a GPU (a CUDA build is needed; a CPU-only build has no planner)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import groupnorm_ext
+from groupnorm_ext import __main__ as cli
+from groupnorm_ext._library import _C
+
+
+def _cuda_build():
+    try:
+        _C._plan((1, 32, 8, 64), 2, False, 0, False, cli.DEVICES["h100"])
+        return True
+    except RuntimeError:
+        return False
+
+
+needs_planner = pytest.mark.skipif(not _cuda_build(), reason="CPU-only build: no CUDA planner")
+
+
+def _plan(spec, device, act="identity"):
+    N, C, G, hxw, esize, cl = cli.parse_shape(spec)
+    text = _C._plan((N, C, G, hxw), esize, cl, groupnorm_ext._library.ACTIVATIONS.index(act), False,
+                    cli.DEVICES[device])
+    fwd = text.split("forward: ")[1].split(" (")[0]
+    bwd = text.split("backward: ")[1].split(" (")[0]
+    return fwd, bwd, text
+
+
+@needs_planner
+def test_bandwidth_rule_differs_between_h100_and_h200():
+    """L1#35's 896 groups of 8 MiB: the persistent one-pass forward on the H100 (3352 GB/s), the streamed
+    two-pass kernels on the H200 (4916 GB/s, >= 3.8 TB/s) (docs/decisions/persistent-vs-streamed.md)."""
+    assert _plan("112,64,512,512:8:float32", "h100")[0] == "one-pass"
+    fwd, _, text = _plan("112,64,512,512:8:float32", "h200")
+    assert fwd == "two-pass" and "3.8 TB/s" in text
+    # Few groups (32 < 64) keep the one-pass plan on both.
+    assert _plan("1,128,1024,1024:32:float16", "h200")[0] == "one-pass"
+    # Wide NCHW kernels: the H100 only.
+    assert _plan("1,128,2048,2048:32:bfloat16", "h100")[:2] == ("wide", "wide")
+    assert _plan("1,128,2048,2048:32:bfloat16", "h200")[:2] == ("two-pass", "two-pass")
+
+
+@needs_planner
+@pytest.mark.parametrize("spec,fwd,bwd", [
+    ("256,1024,1,1:32:bfloat16", "small-group", "small-group"),
+    ("32,2048,7,7:32:bfloat16", "small-group", "small-group"),
+    ("2,320,64,64:32:float16", "one-pass", "one-pass"),
+    ("16,512,128,128:32:bfloat16:cl", "two-pass", "two-pass"),
+    ("1,512,128,128:32:float16:cl", "wide channels_last", "two-pass"),
+    ("2,64,33,35:16:float32", "two-pass", "two-pass"),  # rows not 16-byte multiples: scalar two-pass
+])
+def test_plan_choice(spec, fwd, bwd):
+    assert _plan(spec, "h100")[:2] == (fwd, bwd)
+
+
+@needs_planner
+def test_tuning_overrides_change_the_plan():
+    before = groupnorm_ext.set_tuning({"ONEPASS": 0, "GNEXT_WIDE_NHWC": 0})
+    try:
+        assert groupnorm_ext.tuning()["GNEXT_ONEPASS"] == 0
+        assert _plan("2,320,64,64:32:float16", "h100")[:2] == ("two-pass", "two-pass")
+        assert _plan("1,512,128,128:32:float16:cl", "h100")[0] == "two-pass"
+    finally:
+        groupnorm_ext.set_tuning(before)
+    assert _plan("2,320,64,64:32:float16", "h100")[0] == "one-pass"
+
+
+def test_tuning_rejects_unknown_knobs_and_reads_the_environment_once():
+    with pytest.raises(ValueError, match="GNEXT_NO_SUCH_KNOB"):
+        groupnorm_ext.set_tuning({"NO_SUCH_KNOB": 1})
+    env = dict(os.environ, GNEXT_ONEPASS="0", GNEXT_SMALL_FILL="5")
+    code = ("import os, groupnorm_ext as g; t = g.tuning(); os.environ['GNEXT_ONEPASS'] = '2'; "
+            "print(t['GNEXT_ONEPASS'], t['GNEXT_SMALL_FILL'], g.tuning()['GNEXT_ONEPASS'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "5", "0"]
+
+
+@needs_planner
+def test_plan_cli_prints_both_directions_and_rejects_bad_specs(capsys):
+    assert cli.main(["--plan", "1,128,1024,1024:32:float16:cl", "--device", "h200", "--act", "silu"]) == 0
+    out = capsys.readouterr().out
+    assert "forward: " in out and "backward: " in out and "why: " in out and "channels_last" in out
+    for bad in ("1,130,8,8:32:float16", "1,128,8,8:32:int8", "1,128,8,8:32", "1,128,8,8:32:float16:nhwc"):
+        with pytest.raises(SystemExit):
+            cli.main(["--plan", bad, "--device", "h100"])
