@@ -2,7 +2,7 @@
 // small C/G): `lanes` lanes of a warp hold one group in registers, k vectors each (vector v of a group on
 // lane v % lanes). Groups of up to 8 vectors per thread of a CTA (ResNet-GN's 7x7 and 14x14 maps): the same
 // kernels with the CTA's 256 threads as the lanes (Cta), the sums through shared memory (group_sum).
-// Geometry: SmallGeometry (group_norm_launch.h), chosen by small_geometry (group_norm_heuristics.h).
+// Geometry: SmallGeometry (group_norm_launch.h), chosen by small_geometry (group_norm_plan.h).
 // Forward, one launch, no shared memory (Cta: 64 bytes), no scratch, no inter-CTA waits:
 //   mean = x0 + sum(x - x0) / L (x0: the group's first element),  var = sum((x - mean)^2) / L  (two passes
 //   over the registers),  rstd = 1/sqrt(var + eps),

@@ -16,7 +16,7 @@
 // stops once per group. With ahead = 1 (two stage buffers, each half the shared memory) group u + 1 has
 // been read before u's wait, so the partials of u are complete by then in all but a lagging CTA.
 // Forward DRAM traffic is 1R + 1W when the part of a group beyond shared memory (grid * held) stays in L2.
-// Plan and limits: wide_geometry (group_norm_heuristics.h).
+// Plan and limits: wide_geometry (group_norm_plan.h).
 #pragma once
 #include <type_traits>
 
