@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Build of gnext: one compiled module, groupnorm_ext._C, registering torch.ops.gnext.*.
 
 Environment variables:
@@ -149,14 +150,11 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
 
 
 setup(
-    name="gnext",
+    # name, description, license, dependencies, extras: pyproject.toml's [project]
     version=VERSION,
-    description="Fast GroupNorm for PyTorch on NVIDIA GPUs (torch.ops.gnext)",
     packages=find_packages(include=["groupnorm_ext", "groupnorm_ext.*"]),
     package_data={"groupnorm_ext": ["py.typed"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
-    python_requires=">=3.10",
-    install_requires=[f"torch>={TORCH_TARGET[0]}.{TORCH_TARGET[1]}"],
 )

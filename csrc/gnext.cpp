@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The one schema file of gnext: every operator's signature lives here.
 // The CUDA implementations register themselves next to their host glue (csrc/<op family>/*_cuda.cpp);
 // CPU kernels, autograd and fake (meta) kernels are registered from Python (groupnorm_ext/_cpu.py,

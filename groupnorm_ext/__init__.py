@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """gnext: fast GroupNorm for PyTorch on NVIDIA GPUs.
 
 Importing this package loads the compiled library, which registers
@@ -27,4 +28,4 @@ __all__ = ["ops", "group_norm", "GroupNorm", "convert_group_norm", "conv_transpo
            "ConvTranspose2dGELUGroupNorm", "convert_conv_transpose_gelu_group_norm", "group_norm_act", "GroupNormAct",
            "convert_group_norm_act", "group_norm_act_logsumexp", "enable_compile_fusion", "disable_compile_fusion",
            "enable_aten_kernels", "disable_aten_kernels", "aten_kernels_enabled", "aten_kernels", "tuning", "set_tuning"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

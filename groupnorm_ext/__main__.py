@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """``python -m groupnorm_ext --info``: what this gnext build was compiled with and whether it can run
 here (torch release, CUDA, GPU architecture), and the launch planner's tuning overrides in effect. The
 compiled module uses PyTorch's stable ABI, so it runs on every torch release from the build's `torch_min`
@@ -6,7 +7,10 @@ without a GPU, on the CPU), 1 otherwise.
 
 ``python -m groupnorm_ext --plan 1,128,1024,1024:32:float16[:cl] [--device h200] [--act silu]``: the kernels
 and geometry the planner picks for that GroupNorm, forward and backward, and why, on the visible GPU or on a
-named one (no GPU needed)."""
+named one (no GPU needed).
+
+``python -m groupnorm_ext bench``: gnext against eager and torch.compile on a few real-model shapes, forward and
+forward+backward, on the visible GPU (without one: the CPU path against eager), in under a minute."""
 from __future__ import annotations
 
 import argparse
@@ -138,12 +142,19 @@ def plan(spec: str, device: str | None, activation: str, residual: bool) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m groupnorm_ext", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", nargs="?", choices=["bench"],
+                   help="bench: gnext vs eager and torch.compile on a few real-model shapes (< 1 minute)")
+    p.add_argument("--cpu", action="store_true", help="bench the CPU path even when a GPU is visible")
     p.add_argument("--info", action="store_true", help="print build and runtime information")
     p.add_argument("--plan", metavar="N,C,H,W:G:dtype[:cl]", help="print the planner's choice for this GroupNorm")
     p.add_argument("--device", choices=sorted(DEVICES), help="--plan for this GPU instead of the visible one")
     p.add_argument("--act", default="identity", help="--plan with this output activation (group_norm_act)")
     p.add_argument("--residual", action="store_true", help="--plan with a residual added after the activation")
     args = p.parse_args(argv)
+    if args.command == "bench":
+        from . import _bench
+
+        return _bench.run("cpu" if args.cpu else None)
     if args.info:
         return info()
     if args.plan:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Autograd of torch.ops.gnext.*, registered at the Autograd dispatch key from Python (the stable ABI
 the compiled module uses has no C++ autograd). Each forward op saves what its backward op needs and
 calls that op from backward; torch.compile/AOTAutograd traces through these kernels (real or fake),

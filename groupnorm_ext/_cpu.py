@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """CPU kernels of torch.ops.gnext.*: reference-quality composites of ATen ops with float32
 accumulation (correct first; the fast path is CUDA). They are registered from Python because the
 compiled module uses only PyTorch's stable ABI (csrc/common/stable.h), which offers no ATen math.
@@ -182,10 +183,25 @@ def _aten_input(t):
     return t.contiguous()
 
 
+# ATen's CPU GroupNorm computes out = x * a + b and its backward sums dy * x: both cancel where a group's mean is
+# large against its spread, losing about 2^-24 * |mean| * rstd of relative precision. Up to _ATEN_MAX_SHIFT
+# (|mean| * rstd, any group) that is below 4e-6 and ATen's kernels run as they are (eager's speed); beyond it
+# gnext centres x first. Channels_last forwards take ATen's kernel only to 8: its variance is E[x^2] - E[x]^2,
+# whose error grows with the square.
+_ATEN_MAX_SHIFT = 64.0
+_ATEN_MAX_SHIFT_CL = 8.0
+
+
+def _shift(mean, rstd):
+    """max over groups of |mean| * rstd (NaN where a statistic is NaN: never below a limit)."""
+    return float((mean.float().abs() * rstd.float()).max())
+
+
 def _group_norm(op, input, num_groups, weight, bias, eps):
-    """mean/rstd from ATen's CPU GroupNorm (vectorized, Welford), then out = (x - mean) * (rstd * gamma) + beta
-    in float32. ATen's own output is x * a + b, which cancels at large means (a constant group gives beta
-    +- 3e-5 at mean 7, rstd 316). gnext's contract: mean/rstd (N, G) float32, out in _memory_format(input)."""
+    """ATen's CPU GroupNorm (vectorized, Welford statistics) with float32 parameters, so that mean/rstd come back
+    float32; where a group's mean is large against its spread (_ATEN_MAX_SHIFT), out = (x - mean) * (rstd *
+    gamma) + beta in float32 instead: ATen's x * a + b cancels there (a constant group gave beta +- 3e-5 at mean
+    7, rstd 316). gnext's contract: mean/rstd (N, G) float32, out in _memory_format(input)."""
     s = check_group_norm_args(op, input, num_groups, weight, bias)
     N, C, G, D, HxW = s
     fmt = _memory_format(input)
@@ -193,6 +209,13 @@ def _group_norm(op, input, num_groups, weight, bias, eps):
         nan = torch.full((N, G), float("nan"))
         return torch.empty(input.shape, dtype=input.dtype, memory_format=fmt), nan, nan.clone()
     w, b = _aten_stat_params(input, C)
+    cl = fmt != torch.contiguous_format
+    if input.is_contiguous() or cl:
+        wf = w if weight is None else weight.float()
+        bf = b if bias is None else bias.float()
+        out, mu, r = torch.ops.aten.native_group_norm(input, wf, bf, N, C, HxW, G, eps)
+        if _shift(mu, r) <= (_ATEN_MAX_SHIFT_CL if cl else _ATEN_MAX_SHIFT):
+            return out.contiguous(memory_format=fmt), mu.float(), r.float()
     _, mu, r = torch.ops.aten.native_group_norm(_aten_input(input), w, b, N, C, HxW, G, eps)
     mu, r = mu.float(), r.float()
     scale = r.repeat_interleave(D, 1)  # (N, C)
@@ -207,9 +230,10 @@ def _group_norm(op, input, num_groups, weight, bias, eps):
 
 
 def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, output_mask):
-    """ATen's CPU GroupNorm backward on gnext's float32 mean/rstd, fed x - mean (float32) and a zero mean: its
-    formulas use sum(dy * x) and x * c2 + c3, which cancel at large means (grad_weight off by 2e-2 at mean
-    1000 where the exact value is 0); the GroupNorm gradients depend on x only through x - mean."""
+    """ATen's CPU GroupNorm backward on gnext's float32 mean/rstd; beyond _ATEN_MAX_SHIFT fed x - mean (float32)
+    and a zero mean instead: its formulas use sum(dy * x) and x * c2 + c3, which cancel at large means
+    (grad_weight off by 2e-2 at mean 1000 where the exact value is 0); the gradients depend on x only through
+    x - mean."""
     s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups)
     N, C, G, D, HxW = s
     pdtype = _param_grad_dtype(input, weight)
@@ -219,11 +243,14 @@ def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, ou
         dx = torch.empty(input.shape, dtype=input.dtype, memory_format=fmt) if output_mask[0] else None
         return dx, zeros(output_mask[1]), zeros(output_mask[2])
     w = torch.ones(C) if weight is None else weight.float()
-    xc = (input.float().reshape(N, G, -1) - mean.float().reshape(N, G, 1)).reshape(input.shape).contiguous()
-    dy = grad_out.float().contiguous()
-    dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(
-        dy, xc, torch.zeros(N, G), rstd.float().contiguous(), w, N, C, HxW, G,
-        [output_mask[0], output_mask[1], output_mask[2]])
+    mask = [output_mask[0], output_mask[1], output_mask[2]]
+    if input.is_contiguous() and _shift(mean, rstd) <= _ATEN_MAX_SHIFT:
+        dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(
+            grad_out.contiguous(), input, mean.float().contiguous(), rstd.float().contiguous(), w, N, C, HxW, G, mask)
+    else:
+        xc = (input.float().reshape(N, G, -1) - mean.float().reshape(N, G, 1)).reshape(input.shape).contiguous()
+        dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(
+            grad_out.float().contiguous(), xc, torch.zeros(N, G), rstd.float().contiguous(), w, N, C, HxW, G, mask)
     if dx is not None:
         # A group of one element normalizes to 0 whatever x is: grad_input is exactly 0 (as on CUDA).
         dx = torch.zeros_like(dx) if D * HxW == 1 else dx

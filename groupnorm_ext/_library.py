@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The leaf of the package: loads the compiled library (which defines torch.ops.gnext.* and registers
 their CUDA kernels through PyTorch's stable ABI) and holds the rules every other module shares: the
 activation names, the output layout, and the launch planner's tuning overrides. Imports nothing else of gnext."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The fake (meta) kernels of torch.ops.gnext.*, which torch.compile and torch.library.opcheck trace with,
 and the layout tag of every overload (mark_flexible_layout)."""
 from __future__ import annotations

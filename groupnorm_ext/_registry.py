@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Registers everything of torch.ops.gnext.* beyond the compiled CUDA kernels, in order: the fake kernels
 (_ops), the CPU kernels (_cpu), autograd (_autograd), then the layout tag, which must come after every
 registration (torch.library's registrations rebuild the overload objects, their tags with them)."""

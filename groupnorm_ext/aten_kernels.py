@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """PyTorch's own GroupNorm on gnext's CUDA kernels, with no model edits.
 
 ``enable_aten_kernels()`` registers gnext's kernels as the CUDA kernels of ``aten::native_group_norm`` and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch.compile fusion of GroupNorm + activation (+ residual add) into ``gnext::group_norm_act``,
 without model edits: :func:`enable_compile_fusion` installs a graph pass in Inductor's
 ``pre_grad_custom_pass`` hook.

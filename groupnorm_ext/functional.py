@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Functional API of gnext, mirroring torch.nn.functional."""
 from __future__ import annotations
 

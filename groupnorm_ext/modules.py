@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """nn.Module drop-ins for torch.nn.GroupNorm and a helper that swaps them into a model."""
 from __future__ import annotations
 

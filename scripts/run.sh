@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # gnext's two entry points: build the extension if needed (incremental, ninja), then
 #   scripts/run.sh bench [suite] [args]    benchmarks (scripts/bench: groupnorm (default), act, l2_19, models)
 #   scripts/run.sh test  [pytest args]     test suite (GPU tests skip without CUDA)

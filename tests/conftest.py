@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Shared helpers: devices, float64 references, output poisoning, tolerances."""
 from __future__ import annotations
 

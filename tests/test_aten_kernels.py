@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """enable_aten_kernels(): PyTorch's GroupNorm (F.group_norm, nn.GroupNorm, torch.native_group_norm and its
 backward) running gnext's CUDA kernels under PyTorch's own autograd, against a float64 reference and
 against ATen's kernels (disabled again) in the same test."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The benchmark scripts' table logic that the committed results depend on (CPU; no timing)."""
 from __future__ import annotations
 

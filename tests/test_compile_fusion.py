@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """enable_compile_fusion(): Inductor's pre-grad pass rewrites GroupNorm + activation (+ residual) into
 gnext::group_norm_act. Checked: it fires (counted rewrites and gnext nodes in the compiled graph), the
 compiled model matches eager (forward and gradients) in inference and training, fullgraph=True, dynamic

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """torch integration of every gnext op in one model: torch.compile(fullgraph=True) forward and
 backward in the default mode and in mode="reduce-overhead" (CUDA graphs), torch.export round trip
 (export, save, load, run), and dynamic shapes (dynamic=True) compiled once for several shapes."""

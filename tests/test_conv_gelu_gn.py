@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Fused ConvTranspose2d + GELU + GroupNorm (torch.ops.gnext.conv_transpose2d_gelu_group_norm):
 forward and every gradient vs a float64 reference of the unfused PyTorch model, on fresh random
 inputs with non-zero mean; opcheck; torch.compile; the module, its checkpoint mapping and the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """convert_group_norm / convert_group_norm_act on the layers users have: nn.GroupNorm subclasses, timm's
 GroupNorm, GroupNorm1 and GroupNormAct, diffusers' ResnetBlock2D (norm/activation pairs called from its
 forward). Same results and state_dict keys as the original, counts of what was converted, a warning when

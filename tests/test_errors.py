@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Bad input gets a clear error naming the problem (CPU always, CUDA when present)."""
 from __future__ import annotations
 

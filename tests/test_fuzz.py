@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Property-based tests (hypothesis): random N, C, G, spatial rank 0-3 and sizes, dtype, memory
 format (contiguous, channels_last(_3d), permuted/sliced strides), affine on/off, eps, input offset
 and scale (means up to 1e3, std down to 1e-2) -- forward and backward vs a float64 reference.

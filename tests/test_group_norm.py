@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """gnext.group_norm forward and backward vs a float64 reference (torch.nn.functional.group_norm)."""
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """group_norm_act: act(GroupNorm(x)) + residual, forward and gradients (x, weight, bias, residual)
 vs a float64 reference on fresh random inputs with non-zero mean, every activation, dtypes, NCHW
 and channels_last, both CUDA kernel paths (one-pass and two-pass); opcheck; torch.compile; module

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """group_norm_act_logsumexp: logsumexp_c([v] + act(GroupNorm(v))), v = x + input_bias, forward and
 gradients (x, input_bias, weight, bias) vs a float64 reference on fresh random inputs with non-zero
 mean: every activation, dtypes, NCHW / channels_last / strided / 3-D and 5-D inputs, HxW = 1, G = 1,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """KernelBench ModelNew vs Model (smaller inputs than the benchmark size)."""
 import importlib.util
 import pathlib

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """GroupNorm drop-in module and convert_group_norm."""
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Device and stream handling: ops on cuda:1 while cuda:0 is current (needs 2 GPUs), ops on a
 side stream, and no host synchronization inside any op (torch.cuda.set_sync_debug_mode("error")).
 The DistributedDataParallel check is scripts/dev/ddp_check.py (torchrun, 2 GPUs)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The launch planner (csrc/group_norm/group_norm_plan.h) through `python -m groupnorm_ext --plan` and the
 tuning reader (groupnorm_ext.tuning / set_tuning): pure functions of the problem and a named device, so these
 run without a GPU (a CUDA build is needed; a CPU-only build has no planner)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Reliability of the ops built on the GroupNorm kernels' pointwise modes (group_norm_act and the
 fused ConvTranspose2d + GELU + GroupNorm): property-based tests vs float64, bitwise determinism
 over 10 runs, CUDA-graph replay equal to eager, and bad-input messages. (group_norm itself:

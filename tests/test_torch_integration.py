@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """opcheck (schema, fake kernels, autograd registration, AOT dispatch) and torch.compile."""
 from __future__ import annotations
 

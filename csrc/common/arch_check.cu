@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Whether this module carries device code (SASS, or PTX the driver can JIT) for the current GPU:
 // a kernel of its own, compiled for the same arch list as every other kernel of the module, is asked
 // for its attributes. Used once per device by check_device_supported (cuda_utils.h).

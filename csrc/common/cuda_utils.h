@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CUDA host helpers of the stable-ABI ops (C++ files compiled by the host compiler): the current
 // stream and device guard through torch::stable, device attributes from the CUDA runtime (cached per
 // device), and a check for CUDA runtime errors.

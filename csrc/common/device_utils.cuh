@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Device helpers shared by every gnext kernel: float conversion, 16-byte vector loads/stores (also with
 // L2 eviction-priority hints), cp.async copies, programmatic dependent launch, inter-CTA counters, Welford
 // states and their merge (Chan et al.), deterministic warp/block reductions, and a 32-bit fast divider.

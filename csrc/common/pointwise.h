@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Pointwise extensions of the GroupNorm kernels (host and device code), chosen at compile time:
 //  * an input prologue: normalize a = act(x + bias[c]) instead of x (the fused ConvTranspose2d +
 //    GELU + GroupNorm op feeds the conv output);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The host side of gnext is written against PyTorch's LibTorch stable ABI (torch/csrc/stable, built
 // with TORCH_TARGET_VERSION = 2.11, see setup.py): the compiled module calls libtorch only through its
 // C shim, so one build loads on every torch release from 2.11 on. This header gathers what the ops

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Fused ConvTranspose2d + GELU + GroupNorm (KernelBench L2#19), CUDA:
 //   z = conv_transpose2d(input, weight)            (no bias)
 //   a = GELU(z + conv_bias[c])                     (erf, or the tanh approximation)

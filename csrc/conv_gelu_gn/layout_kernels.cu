@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // NCHW -> NHWC transpose (layout.h): per image, 32 x 32 tiles of (channel, pixel) through shared
 // memory, both global sides coalesced (reads along pixels, writes along channels).
 #include "layout.h"

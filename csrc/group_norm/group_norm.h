@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Argument checks and layout rules of the GroupNorm ops' CUDA implementations (stable ABI, see
 // common/stable.h). The CPU implementations (groupnorm_ext/_cpu.py) raise the same messages.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // PyTorch's own GroupNorm on gnext's kernels: CUDA kernels for aten::native_group_norm and
 // aten::native_group_norm_backward, registered on demand (groupnorm_ext.enable_aten_kernels) and removed
 // again (disable_aten_kernels). Everything above those two kernels stays PyTorch's: F.group_norm and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // On-demand CUDA kernels for aten::native_group_norm(_backward) on gnext's (group_norm_aten.cpp).
 #pragma once
 

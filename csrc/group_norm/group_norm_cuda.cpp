@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CUDA implementation of the GroupNorm ops: check -> plan (group_norm_plan.h: which kernel, what geometry, a pure
 // function of the problem and the device) -> allocate -> launch. Kernels: group_norm_launch.h.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Compile-time dispatch helpers shared by the launcher translation units (nvcc only): element
 // type, vector width and pointwise mode as template constants.
 #pragma once

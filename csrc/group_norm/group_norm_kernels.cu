@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Launchers of the two-pass GroupNorm kernels: dtype / vector-width / mode dispatch and launches only, every
 // kernel by programmatic dependent launch (launch_dependent). The one-pass launcher: group_norm_onepass.cu,
 // compiled in parallel.

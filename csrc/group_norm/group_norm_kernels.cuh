@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // GroupNorm CUDA kernels (Wu & He 2018): y = (x - mean[n,g]) * rstd[n,g] * gamma[c] + beta[c],
 // rstd = 1 / sqrt(var + eps), var the biased variance over the D = C/G channels x HxW positions
 // of group g of sample n.

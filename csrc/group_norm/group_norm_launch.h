@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Interface between the host glue (group_norm_cuda.cpp, compiled by the C++ compiler) and the
 // kernels (group_norm_kernels.cu, compiled by nvcc). Only plain types cross it: the nvcc
 // translation unit never formats messages or touches ATen, and returns cudaError_t.

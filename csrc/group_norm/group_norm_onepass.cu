@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Launchers of the persistent GroupNorm kernels: one-pass (group_norm_onepass.cuh) and wide
 // (group_norm_wide.cuh); dispatch and launch only.
 // No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // One-pass GroupNorm kernels, NCHW and NHWC, forward and backward: every element of x (and dy)
 // is read from DRAM once. Geometry and arguments: OnePassGeometry / OnePassArgs in
 // group_norm_launch.h. NCHW: a group is a contiguous run of D*HxW elements, tiles are whole

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The GroupNorm launch planner: plan_forward / plan_backward / plan_stats are pure functions of the problem
 // (N, C, G, HxW, element size, layout, alignment, pointwise extension), the device's properties (Device: SM
 // count, shared memory, L2, peak DRAM bandwidth, architecture) and a Tuning (group_norm_tuning.h). No

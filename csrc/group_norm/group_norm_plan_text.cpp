@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The planner's choices as text, for `python -m groupnorm_ext --plan` (groupnorm_ext._C._plan): the same
 // plan_forward / plan_backward the ops call, for the current GPU or for any Device.
 #include "group_norm_plan_text.h"

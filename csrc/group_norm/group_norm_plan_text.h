@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The GroupNorm planner as text (group_norm_plan_text.cpp), with plain types only, for the Python module.
 #pragma once
 #include <array>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Small-group GroupNorm (NCHW groups of at most kSmallMaxVecs 16-byte vectors, e.g. HxW = 1, 4x4 maps, odd
 // small C/G): `lanes` lanes of a warp hold one group in registers, k vectors each (vector v of a group on
 // lane v % lanes). Groups of up to 8 vectors per thread of a CTA (ResNet-GN's 7x7 and 14x14 maps): the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Tuning: every override of the launch policy in one struct. The planner (group_norm_plan.h) reads it as an
 // argument; nothing else reads the environment. The process-wide value is read once from GNEXT_* environment
 // variables, on first use, and can be replaced at run time (groupnorm_ext.set_tuning, which the tests use).

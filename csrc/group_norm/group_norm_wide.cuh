@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // "Wide" GroupNorm forward and backward: NCHW groups too large for the one-pass plan's shared memory (tens
 // of MB, e.g. a 1x128x2048x2048 bf16 VAE map: 33.6 MB per group), read from DRAM once. The forward is
 // described here; the backward (wide_backward_kernel, below) follows the same schedule with x and dy.

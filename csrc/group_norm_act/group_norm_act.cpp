@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // group_norm_act: activation names (the CUDA registration is in group_norm_act_cuda.cpp; CPU kernels
 // and autograd are in groupnorm_ext/_cpu.py and _autograd.py).
 #include "group_norm_act.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // GroupNorm with a fused activation and residual epilogue:
 //   out = act(GroupNorm(input; num_groups, weight, bias, eps)) + residual
 // act in {identity, silu, gelu, gelu_tanh, relu, tanh, hardswish, tanh_hardswish}. On CUDA the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CUDA registration of group_norm_act: gnext's GroupNorm kernels with the activation (+ residual)
 // as their compile-time epilogue (csrc/group_norm, common/pointwise.h).
 #include "group_norm_act.h"

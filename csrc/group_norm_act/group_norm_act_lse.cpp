@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // group_norm_act_logsumexp: argument checks (CUDA: group_norm_act_lse_cuda.cpp; the CPU kernels in
 // groupnorm_ext/_cpu.py raise the same messages).
 #include <vector>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CUDA implementation of group_norm_act_logsumexp: GroupNorm statistics of v = input + input_bias from
 // gnext's GroupNorm reduction, then one pixel-walking kernel (group_norm_act_lse_kernels.cu) that normalizes,
 // activates, adds the residual and reduces logsumexp over the channels: the (N, C, *) result of the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Kernels of group_norm_act_logsumexp (see group_norm_act_lse_launch.h for the phases and the layout) and their
 // launcher: dtype / activation / phase / kernel dispatch only; errors return as cudaError_t.
 #include <cmath>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Interface between the host glue of group_norm_act_logsumexp (group_norm_act_lse_cuda.cpp) and its
 // kernels (group_norm_act_lse_kernels.cu). Plain types only, as in group_norm/group_norm_launch.h.
 //

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """gnext's benchmarks, one entry point:
 
     python scripts/bench [suite] [args]      (bash scripts/run.sh bench [suite] [args] builds first)

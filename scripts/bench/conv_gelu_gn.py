@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """KernelBench L2#19 benchmark: ConvTranspose2d(64->64, k3, s1) + GELU + GroupNorm(8) on 128x64x256x256
 float32, forward and forward+backward (training), in one process:
 

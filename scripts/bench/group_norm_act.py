@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """group_norm_act benchmark, one process: KernelBench L2#92 (Conv2d 8->64 k3 + GroupNorm(16) + tanh +
 hardswish + residual + logsumexp over C, 128x8x128x128 fp32) and GroupNorm + SiLU on diffusion shapes,
 forward and forward+backward, gnext vs eager vs torch.compile (and the conv alone for L2#92).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """gnext GroupNorm benchmark: gnext vs eager F.group_norm vs torch.compile, against the
 copy-bandwidth floor.
 

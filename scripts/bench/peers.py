@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The public Triton GroupNorm+SiLU kernels gnext is compared with, loaded by path from .peers/
 (scripts/dev/fetch_peers.sh puts them there; their code is never copied into the project):
 

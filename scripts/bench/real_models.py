@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Real models with and without gnext, the way users run them: eager and torch.compile, inference and
 training steps. Rows (random weights, real image input from skimage.data.astronaut()):
 

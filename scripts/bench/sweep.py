@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Randomized GroupNorm shape sweep: shapes from real models, each with a dtype and a layout drawn with a
 fixed seed, timed for gnext vs eager F.group_norm vs torch.compile(F.group_norm), forward and
 forward+backward, in one process; with --act also GroupNorm+SiLU forward (inference) against eager,

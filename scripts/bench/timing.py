@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Timing and input helpers shared by the benchmarks (scripts/bench/*) and the developer tools
 (scripts/dev/*): CUDA-event timing with the L2 flushed, the copy-bandwidth floor, GroupNorm inputs,
 writing a result table (JSON + markdown), running a call under gnext's environment knobs, and capturing

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Release gates on the built module (CPU only; CI runs it):
 #  1. abi3audit: the extension uses only the CPython limited API of 3.10 (one cp310-abi3 wheel serves
 #     every CPython >= 3.10);

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """DistributedDataParallel check (issue: reliability): one training step of a small model built from
 every gnext op, on 2 GPUs with NCCL, must give the same parameter gradients as the same step on one
 GPU over the whole batch (DDP averages the per-rank gradients of a per-rank mean loss).

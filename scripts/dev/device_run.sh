@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # One device call: build the extension, a quick smoke test of the one-pass kernels, the benchmark,
 # the GPU test suite and the KernelBench check, each under a time limit so that one call fits the
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT

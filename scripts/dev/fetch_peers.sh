@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The public Triton GroupNorm+SiLU kernels gnext is compared with (sglang 0.5.23, vllm-omni 0.30.0;
 # Apache-2.0): downloads the two wheels (pure Python for these files) and unpacks only the kernel files
 # into .peers/ (git-ignored). scripts/bench/peers.py loads them by path at run time; their code is never

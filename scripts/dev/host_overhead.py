@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Host (CPU) time per call of gnext's GroupNorm and GroupNorm+SiLU next to PyTorch's F.group_norm and
 F.silu(F.group_norm(...)), forward without grad and forward+backward, in one process.
   python scripts/dev/host_overhead.py [--json out.json]

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Same-process A/B of one of gnext's GNEXT_* environment knobs on op time: per shape, the forward op
 (gnext.group_norm, and gnext.group_norm_act with --act, default SiLU, unless --no-act) and the backward op
 (gnext.group_norm_backward / group_norm_act_backward, all three gradients) timed with CUDA events, the L2

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Run one gnext GroupNorm op a few times for Nsight Compute (scripts/dev/ncu_gaps.sh).
     python scripts/dev/ncu_case.py N,C,H,W G dtype {nchw,cl} {fwd,bwd,convfwd} [--two-pass]
 convfwd: the fused ConvTranspose2d(C -> C, 3x3)+GELU+GroupNorm forward on an input of that shape (L2#19's

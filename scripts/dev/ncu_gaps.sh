@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Nsight Compute evidence for the shapes that miss the bandwidth-floor targets (docs/kernels.md):
 # DRAM throughput, achieved occupancy and warp stall reasons of the kernel that dominates each.
 # Clocks are left as found (--clock-control none). Output: $OUT/ncu_gaps.txt

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Per-kernel CUDA times (torch.profiler) of gnext's GroupNorm and GroupNorm+activation, forward and
 backward, one-pass allowed and forced off (GNEXT_ONEPASS=0), on the shapes where issue 17 measured
 gaps; with the host time of one forward call. Diagnostic tool: which kernels run and what each costs.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Where a real model's eager step spends its time, original vs converted (gnext), in one process.
 
 For one row of scripts/bench/real_models.py (default: the UNet2DModel bf16 training step), eager

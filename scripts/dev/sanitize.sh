@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # compute-sanitizer memcheck, racecheck, synccheck and initcheck over scripts/dev/sanitize_cases.py
 # (every gnext kernel family, small shapes). Logs in $OUT (default ./sanitize_out); one summary
 # line per tool. Needs a built extension and a GPU.

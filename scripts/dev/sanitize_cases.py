@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Small driver for compute-sanitizer (scripts/dev/sanitize.sh): forward + backward of gnext's
 GroupNorm on shapes that take every kernel family (one-pass NCHW/NHWC with and without inter-CTA
 waits, two-pass NCHW/NHWC, the channels_last wide forward, small groups (a CTA per group too), HxW = 1), each checked against float64 so that a sanitizer run also

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """What device code a gnext wheel carries, and the release gates on it (no GPU needed):
   python scripts/dev/wheel_archs.py dist/gnext-*.whl [--cuobjdump PATH]
 Prints the wheel size, the SASS archs and PTX of each translation unit (cuobjdump --list-elf /

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # sdist -> wheel -> fresh virtual environment -> GPU test suite against the INSTALLED wheel (issue 6).
 #   OUT=dir bash scripts/dev/wheel_check.sh        (on the GPU machine; needs torch, build, pytest there)
 #   WHEEL=gnext-...whl [TESTS=tests/test_x.py] [BENCH_ARGS=...] OUT=dir bash scripts/dev/wheel_check.sh

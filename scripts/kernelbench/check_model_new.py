@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Shared check of a KernelBench ModelNew against its Model: output and the gradients of x and of
 every parameter, on fresh random inputs (Model's GroupNorm affine parameters randomized first)."""
 import torch

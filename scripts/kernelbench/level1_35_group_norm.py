@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """KernelBench level 1 #35: GroupNorm, 112x64x512x512 float32, G=8.
 
 Model is KernelBench's reference; ModelNew runs torch.ops.gnext.group_norm with the same

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """KernelBench level 2 #19: ConvTranspose2d(64 -> 64, k3, s1) + GELU + GroupNorm(8), 128x64x256x256
 float32, trained (forward and backward).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """KernelBench level 2 #92: Conv2d(8 -> 64, k3) + GroupNorm(16) + Tanh + HardSwish + residual add +
 LogSumExp over channels, 128x8x128x128 float32.
 
