@@ -81,7 +81,7 @@ def _static_numel(t: torch.Tensor) -> Optional[int]:
 
 
 # Below this many elements (4M: 8 MB in half precision) the rewrite loses: measured on the H100
-# (bench_results/real_models.md, 2026-11-23), the SD-1.5 UNet fp16 inference (GroupNorm tensors of
+# (docs/benchmarks.md), the SD-1.5 UNet fp16 inference (GroupNorm tensors of
 # 2x1280x8x8 up to 2x320x64x64 = 2.6M elements, 45 chains rewritten with a 64K threshold) ran 31.9 ms
 # compiled with the rewrite against 28.4 ms without, while the VAE decoder (maps of 1x512x64x64 up to
 # 1x128x512x512) ran faster with it. A compiled graph at those sizes is host-bound: Inductor's fused
@@ -98,7 +98,7 @@ def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
     3-D or 4-D (gnext's 5-D schedule is not yet as fast as Inductor's) with at least _MIN_NUMEL
     elements (or a dynamic shape).
 
-    Why inference only: measured on the H100 (bench_results/real_models.md), Inductor's own training
+    Why inference only: measured on the H100, Inductor's own training
     graphs beat the rewritten ones: diffusers UNet2DModel bf16 training step 44.7 ms compiled vs 46.9
     with the rewrite, timm BiT-50 bf16 training step 27.4 vs 39.9 ms. Inductor fuses GroupNorm's
     backward with the gradient sums and casts around it, gnext's backward op is a separate pass."""

@@ -165,7 +165,7 @@ __device__ __forceinline__ void wait_count(const unsigned* counter, unsigned tar
 // zero, after every waiter has passed. Nothing uses its result, so the thread never waits for it: an
 // atomicAdd whose result decided an atomicExch put a round trip to L2 on every tile's critical path
 // (one-pass forward, H100 same-machine A/B: L1#35 6.20 -> 6.41 ms, 128x64x258² fp32 1.81 -> 1.94;
-// with atomicInc 6.20 and 1.81 again: bench_results/ab_onepass_regression_h100.log, _fix_h100.log).
+// with atomicInc 6.20 and 1.81 again).
 __device__ __forceinline__ void depart(unsigned* counter, unsigned target) {
   atomicInc(counter, 2 * target - 1);
 }

@@ -65,7 +65,7 @@ cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const Parti
                                     float eps, const float* shift, cudaStream_t stream) {
   // Threads for one round of four loads each where the group has many partials (NHWC: D * K, K up to a few
   // hundred chunks per image), 256 at least. H100, 1x128x1024x1024 fp16 channels_last (D * K = 2112): 7.8 us
-  // with 256 threads, 5.1 with 544 (bench_results/nhwc_ctas_h100.log, bwd_ctas_after_h100.log).
+  // with 256 threads, 5.1 with 544.
   const int64_t per_group = (p.C / p.G) * L.K;
   const int threads = static_cast<int>(std::clamp<int64_t>((per_group / 4 + 31) / 32 * 32, 256, 1024));
   return with_scalar(wt, [&](auto wtag) {

@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     // Forward: per channel sum(a - a0) and sum((a - a0)^2), a0 = the thread's first row (a = x, or the
     // prologue's act(x + bias)), turned into a Welford state at the end. A Welford merge per 4 rows cost a
     // division and ~6 instructions per element; H100 same-process A/B, forward kernels µs Welford / shifted
-    // sums (bench_results/nhwc_shifted_h100.log, 2026-11-24): 1x128x1024x1024 fp16 CL 293.0 / 288.3,
+    // sums: 1x128x1024x1024 fp16 CL 293.0 / 288.3,
     // 16x512x128x128 bf16 CL 294.2 / 289.0, 1x256x512x512 bf16 CL 157.5 / 153.8. The shift keeps the sums of
     // the spread's size near a large mean (as the small-group kernel's x - x0).
     if (lane_r < rpi) {
@@ -603,8 +603,8 @@ __device__ __forceinline__ void affine_nhwc(const T* __restrict__ x, const T* __
     }
     // affine_nhwc_act_bwd_kernel: two vectors per thread and trip (kU2). Each chunk's rows backwards: the
     // reduction's CTAs are co-resident, so what L2 holds after it is the end of every chunk, not the last
-    // chunks. H100 same-process A/B, GroupNorm forward kernel µs forwards / backwards
-    // (bench_results/nhwc_rev_h100.log, 2026-11-24): 1x128x1024x1024 fp16 CL 307.4 / 303.1, 16x512x128x128 bf16
+    // chunks. H100 same-process A/B, GroupNorm forward kernel µs forwards / backwards:
+    // 1x128x1024x1024 fp16 CL 307.4 / 303.1, 16x512x128x128 bf16
     // CL 312.7 / 308.7, 1x256x512x512 bf16 CL 172.3 / 167.4; backward 514.7 / 511.2 (its chunks are half the
     // reduction's). L2 evict_last loads in the reduction and evict_first in this pass added nothing.
     constexpr int U = kU2 ? 2 : kUnroll;
@@ -635,7 +635,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 // registers and its loads waited on the math (ncu, 32x64x258x258 fp32: DRAM 65% busy, issue slots 28%
 // busy, 490 us against 387 for the same pass without the prologue); here it takes 108-116 and keeps its
 // loads ahead. U2: two vectors per thread and trip (16-bit with erf GELU). H100 same-process A/B, forward op
-// us, plain / this (bench_results/affine_lb_ab2_h100.log, 2026-11-25; GroupNorm alone in brackets):
+// us, plain / this:
 // fp32 CL 32x64x258x258 GELU 699 / 594 (599), tanh 639 / 593, SiLU 602 / 593; 4x512x128x128 GELU 188 / 162
 // (U2 170); 16-bit GELU with U2: 16x512x128x128 bf16 360 / 335 (295), 1x128x1024x1024 fp16 355 / 334 (294);
 // 16-bit SiLU / tanh unchanged without U2 and 5-25% slower with it or with a tighter register bound.
@@ -651,7 +651,7 @@ __global__ void __launch_bounds__(kNhwcActFwdThreads, 2)
 // threads, held to 3 CTAs per SM (<= 80 registers) and two vectors per thread and trip. The plain kernel took
 // 92 registers (2 CTAs of 256 threads per SM) and stalled on its loads (ncu: L1TEX scoreboard 76% of the
 // issue gaps, DRAM 62% busy against 86% without the activation). H100 same-process A/B, us, this /
-// affine_nhwc_kernel (bench_results/nhwc_act_bwd_ab_h100.log, 2026-11-24): 1x128x1024x1024 fp16 CL 331.6 /
+// affine_nhwc_kernel: 1x128x1024x1024 fp16 CL 331.6 /
 // 351.2, 16x512x128x128 bf16 CL 329.7 / 367.5, 8x320x64x64 bf16 CL 27.5 / 29.7, 2x640x64x64 fp16 CL 16.9 /
 // 15.1. GELU's derivative spills at 80 registers and lost (450.6 / 414.5 at 1x128x1024x1024): it and the
 // other activations keep affine_nhwc_kernel.

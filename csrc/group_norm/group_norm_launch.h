@@ -170,7 +170,7 @@ constexpr int kSmallCtaLog2 = 8;              // lanes_log2 of a plan with a CTA
 // all of them for every activation took the sm_90a module from 25 to 42 MB. GELU (erf) has the CTA-per-group
 // variants (K = 2, 4, 8; +1 MB of sm_90a module) but not the sized warp ones: ResNet-GN's 7x7 and 14x14 maps with
 // GELU took the one-pass forward and the two-pass backward. H100 op µs forward / backward, GNEXT_SMALL_CTA=0 -> 2,
-// L2 flushed (bench_results/gelu_cta_ab_h100.log, 2026-11-25): 32x2048x7x7 bf16 31.9 / 118.2 -> 22.1 / 28.7
+// L2 flushed: 32x2048x7x7 bf16 31.9 / 118.2 -> 22.1 / 28.7
 // (GroupNorm 17.3 / 31.8), 32x1024x14x14 fp16 42.7 / 93.7 -> 31.8 / 50.1 (21.5 / 28.8), 16x2048x7x7 fp32
 // 21.0 / 64.3 -> 15.9 / 25.5 (12.6 / 17.3), 32x256x28x28 bf16 29.0 / 56.5 -> 21.1 / 39.4.
 constexpr bool small_sized_act(int act) { return act == kActIdentity || act == kActSilu || act == kActRelu; }

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kSmallThreads)
                           uint32_t HxW, FastDivmod hw) {
   // No pdl_trigger(): dgamma/dbeta after it launches as it exits. Triggered at the start, in a chain of
   // backward calls (a CUDA graph) the next call's kernels took SM slots early: 256x1024x1x1 bf16 backward 10.0
-  // -> 12.8 µs per call (bench_results/pdl_first_graph_h100.log).
+  // -> 12.8 µs per call.
   pdl_wait();  // launch_dependent: the previous kernel in the stream has completed
   using Raw = typename Pack<T, V>::Raw;
   extern __shared__ float2 pieces[];
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kSmallThreads)
   auto dyp = [&](float dv, float xm, float2 k) { return act_dy<A>(dv, xm, k.x, k.y); };
   // Pieces of this lane's vectors. With an activation, dy' is kept in registers (dp) for dx below, so that its
   // derivative (two MUFU ops for SiLU) is evaluated once per element: H100 backward kernel µs, computed twice ->
-  // kept, back-to-back calls (inputs L2-resident; bench_results/small_keep_kreg_h100.log, 2026-11-24): GroupNorm+SiLU 16x4096x4x4 bf16 14.7 -> 11.7 (GN
+  // kept, back-to-back calls (inputs L2-resident): GroupNorm+SiLU 16x4096x4x4 bf16 14.7 -> 11.7 (GN
   // 9.3), 32x256x7x7 bf16 11.4 -> 9.4 (7.2), 256x256x7x7 fp32 35.9 -> 30.8 (23.4), 1024x512x4x4 fp16 40.1 ->
   // 38.9 (33.3), even where the registers this takes (216 for bf16 at K = 8) leave one CTA per SM.
   constexpr bool kKeep = A != kActIdentity;
@@ -319,9 +319,8 @@ struct SmallBwdTag {};
 // with V = 16 / sizeof(T) and K = g.kreg, the plan's vectors per lane rounded up to 1, 2, 4 or 8: the
 // registers that hold a lane's vectors are sized by K, so a plan of few vectors per lane keeps more CTAs
 // resident (with K = 8 for every plan, every small kernel took 126-128 registers). H100 kernel µs forward /
-// backward, GNEXT_SMALL_KREG=8 (K = 8 always) -> sized, inputs in DRAM (bench_results/small_kreg_flush_h100.log,
-// 2026-11-24): 1024x512x4x4 fp16 22.9 / 38.8 -> 15.6 / 36.4, 256x1024x1x1 bf16 4.7 / 10.8 -> 4.1 / 10.0; inputs
-// L2-resident (small_keep_kreg_h100.log): 32x256x7x7 bf16 5.9 / 7.7 -> 5.0 / 7.2, 256x256x7x7 fp32 14.5 / 27.6
+// backward, GNEXT_SMALL_KREG=8 (K = 8 always) -> sized, inputs in DRAM: 1024x512x4x4 fp16 22.9 / 38.8 -> 15.6 /
+// 36.4, 256x1024x1x1 bf16 4.7 / 10.8 -> 4.1 / 10.0; inputs L2-resident: 32x256x7x7 bf16 5.9 / 7.7 -> 5.0 / 7.2, 256x256x7x7 fp32 14.5 / 27.6
 // -> 13.5 / 23.4, 2x1280x1x1 fp16 3.7 / 6.0 -> 2.9 / 5.2.
 template <typename F>
 cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& a, F&& f) {

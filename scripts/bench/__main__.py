@@ -10,8 +10,9 @@ suites:
   l2_19       fused ConvTranspose2d + GELU + GroupNorm, KernelBench L2#19    -> conv_gelu_gn.py
   models      real models (diffusers VAE/UNets, timm BiT) eager and compiled -> real_models.py
   sweep       randomized shape sweep from real models (+ GN+SiLU peers: --act) -> sweep.py
-Each suite's --help lists its arguments; results go to bench_results/ (JSON + markdown + plot) with the
-device, torch version and date. Shared timing code: timing.py."""
+Each suite's --help lists its arguments; results go to bench_out/ (ignored by git; JSON + markdown + plot)
+with the device, torch version and date. The committed results are bench_results/<gpu>/: pass
+--out bench_results/h100 (or h200) to update them. Shared timing code: timing.py."""
 import runpy
 import sys
 from pathlib import Path

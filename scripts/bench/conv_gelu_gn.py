@@ -54,7 +54,7 @@ def kernel_times(fn, reps=3):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(ROOT / "bench_results"))
+    p.add_argument("--out", default=str(ROOT / "bench_out"))
     p.add_argument("--batch", type=int, default=kb.batch_size)
     p.add_argument("--no-tf32", action="store_true")
     p.add_argument("--no-compile", action="store_true")

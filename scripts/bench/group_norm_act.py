@@ -44,7 +44,7 @@ def time_fwd_fb(timer, fn, inputs, params):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", default=str(ROOT / "bench_results"))
+    p.add_argument("--out", default=str(ROOT / "bench_out"))
     args = p.parse_args()
     timer = Timer("cuda")
     bw = copy_bandwidth("cuda", timer)

@@ -242,7 +242,7 @@ def plot(meta, rows, impls, path):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="default", choices=sorted(SUITES))
-    p.add_argument("--out", default=str(ROOT / "bench_results"), help="results folder")
+    p.add_argument("--out", default=str(ROOT / "bench_out"), help="results folder")
     p.add_argument("--tag", default=None, help="file name tag (default: device kind)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")

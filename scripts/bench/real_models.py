@@ -372,7 +372,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default=",".join(ROWS))
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--out", default=str(ROOT / "bench_results"))
+    p.add_argument("--out", default=str(ROOT / "bench_out"))
     p.add_argument("--name", default="real_models")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny configs, when='always'")
     p.add_argument("--fusion-when", choices=("auto", "always"), default="auto",

@@ -91,7 +91,7 @@ def main():
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape (random order each)")
     p.add_argument("--act", action="store_true", help="also GroupNorm+SiLU forward vs eager, compile and the peers")
-    p.add_argument("--out", default=str(ROOT / "bench_results"))
+    p.add_argument("--out", default=str(ROOT / "bench_out"))
     p.add_argument("--smoke", action="store_true", help="CPU, 3 small shapes")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="no run: one table from the JSON of shards")
     p.add_argument("--match", default="", help="only cases whose name contains this (e.g. 'ResNet'); tag 'sweep_match'")
