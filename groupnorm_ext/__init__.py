@@ -14,15 +14,15 @@ Importing this package loads the compiled library, which registers
 CUDA kernels, so ``F.group_norm`` / ``nn.GroupNorm`` models use them unedited (``aten_kernels.py``).
 
 Each op has CUDA kernels (C++ on PyTorch's stable ABI: one build loads on every torch >= 2.11), CPU kernels
-(``_cpu.py``), autograd (``_autograd.py``) and fake kernels (``_ops.py``).
+fake kernels and autograd (one module per op: ``ops/<op>.py``).
 """
 from ._registry import ops
 from ._library import set_tuning, tuning
 from .functional import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp
 from .compile_fusion import disable_compile_fusion, enable_compile_fusion
 from .aten_kernels import aten_kernels, aten_kernels_enabled, disable_aten_kernels, enable_aten_kernels
-from .modules import (ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct, convert_conv_transpose_gelu_group_norm,
-                      convert_group_norm, convert_group_norm_act)
+from .modules import ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct
+from .convert import convert_conv_transpose_gelu_group_norm, convert_group_norm, convert_group_norm_act
 
 __all__ = ["ops", "group_norm", "GroupNorm", "convert_group_norm", "conv_transpose2d_gelu_group_norm",
            "ConvTranspose2dGELUGroupNorm", "convert_conv_transpose_gelu_group_norm", "group_norm_act", "GroupNormAct",

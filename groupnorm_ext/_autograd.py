@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Autograd of torch.ops.gnext.*, registered at the Autograd dispatch key from Python (the stable ABI
+"""The autograd machinery of torch.ops.gnext.* (each op's formulas are in ops/<op>.py: save(ctx, args, output)
+keeps what the backward needs; grads(ctx, need, grad_out) returns one gradient per op argument, need being
+ctx.needs_input_grad of those arguments), registered at the Autograd dispatch key from Python (the stable ABI
 the compiled module uses has no C++ autograd). Each forward op saves what its backward op needs and
 calls that op from backward; torch.compile/AOTAutograd traces through these kernels (real or fake),
 so compiled graphs have no breaks. The *_backward ops are not differentiable themselves: double
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _library  # noqa: F401  (the schema is defined by the compiled module)
+from . import _library  # noqa: F401  (loads the compiled module, which defines the schema)
 
 
 _below = torch._C._AutoDispatchBelowAutograd
@@ -37,98 +39,6 @@ def _call_backward(op, *args):
         return op(*args)
 
 
-# Per op: save(ctx, args, output) keeps what the backward needs; grads(ctx, need, grad_out) returns one
-# gradient per op argument (need: ctx.needs_input_grad of those arguments).
-
-# group_norm(input, num_groups, weight, bias, eps) -> (out, mean, rstd)
-def _gn_save(ctx, inputs, output):
-    input, num_groups, weight, bias, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(input, weight, mean, rstd)
-    ctx.num_groups = num_groups
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-
-
-def _gn_grads(ctx, need, grad_out):
-    input, weight, mean, rstd = ctx.saved_tensors
-    mask = [need[0], need[2], need[3]]
-    if grad_out is None or not any(mask):
-        return None, None, None, None, None
-    dx, dw, db = _call_backward(torch.ops.gnext.group_norm_backward.default, grad_out, input, mean, rstd, weight,
-                                ctx.num_groups, mask)
-    return dx, None, dw, _cast(db, ctx.bias_dtype), None
-
-
-# group_norm_act(input, num_groups, weight, bias, eps, activation, residual) -> (out, mean, rstd)
-def _act_save(ctx, inputs, output):
-    input, num_groups, weight, bias, _, activation, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(input, weight, bias, mean, rstd)
-    ctx.num_groups, ctx.activation = num_groups, activation
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-
-
-def _act_grads(ctx, need, grad_out):
-    input, weight, bias, mean, rstd = ctx.saved_tensors
-    if grad_out is None:
-        return (None,) * 7
-    dres = grad_out if need[6] else None  # the residual's gradient is grad_out itself
-    mask = [need[0], need[2], need[3]]
-    if not any(mask):
-        return None, None, None, None, None, None, dres
-    dx, dw, db = _call_backward(torch.ops.gnext.group_norm_act_backward.default, grad_out, input, mean, rstd, weight,
-                                bias, ctx.num_groups, ctx.activation, mask)
-    return dx, None, dw, _cast(db, ctx.bias_dtype), None, None, dres
-
-
-# group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation, residual)
-#   -> (out, mean, rstd)
-def _lse_save(ctx, inputs, output):
-    input, input_bias, num_groups, weight, bias, _, activation, residual = inputs
-    out, mean, rstd = output
-    ctx.save_for_backward(input, input_bias, weight, bias, out, mean, rstd)
-    ctx.num_groups, ctx.activation, ctx.residual = num_groups, activation, residual
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-
-
-def _lse_grads(ctx, need, grad_out):
-    input, input_bias, weight, bias, out, mean, rstd = ctx.saved_tensors
-    mask = [need[0], need[1], need[3], need[4]]
-    if grad_out is None or not any(mask):
-        return (None,) * 8
-    dx, dib, dw, db = _call_backward(
-        torch.ops.gnext.group_norm_act_logsumexp_backward.default,
-        grad_out, out, input, input_bias, mean, rstd, weight, bias, ctx.num_groups, ctx.activation, ctx.residual,
-        mask)
-    return dx, dib, None, dw, _cast(db, ctx.bias_dtype), None, None, None
-
-
-# conv_transpose2d_gelu_group_norm(input, weight, conv_bias, stride, padding, output_padding, dilation, groups,
-#   num_groups, gn_weight, gn_bias, eps, approximate) -> (out, z, mean, rstd, input_cl)
-def _conv_save(ctx, inputs, output):
-    (input, weight, conv_bias, stride, padding, output_padding, dilation, groups, num_groups, gn_weight, gn_bias, _,
-     approximate) = inputs
-    _, z, mean, rstd, input_cl = output
-    # The backward gets the forward's channels_last copy of the input where it made one (the weight
-    # gradient reads it; the input itself is not needed), so the input is not transposed twice.
-    if input_cl.dim() == input.dim():
-        input = input_cl
-    ctx.save_for_backward(input, weight, conv_bias, z, mean, rstd, gn_weight)
-    ctx.args = (stride, padding, output_padding, dilation, groups, num_groups, approximate)
-    ctx.gn_bias_dtype = gn_bias.dtype if gn_bias is not None else None
-
-
-def _conv_grads(ctx, need, grad_out):
-    input, weight, conv_bias, z, mean, rstd, gn_weight = ctx.saved_tensors
-    mask = [need[0], need[1], need[2], need[9], need[10]]
-    if grad_out is None or not any(mask):
-        return (None,) * 13
-    stride, padding, output_padding, dilation, groups, num_groups, approximate = ctx.args
-    di, dw, db, dgw, dgb = _call_backward(
-        torch.ops.gnext.conv_transpose2d_gelu_group_norm_backward.default,
-        grad_out, input, weight, conv_bias, z, mean, rstd, gn_weight, stride, padding, output_padding, dilation,
-        groups, num_groups, approximate, mask)
-    return di, dw, db, None, None, None, None, None, None, dgw, _cast(dgb, ctx.gn_bias_dtype), None, None
 
 
 def _register(op_name, save, grads):
@@ -241,11 +151,12 @@ def _register_not_differentiable(op_name):
 
 
 _lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module
-_OPS = {"group_norm": (_gn_save, _gn_grads),
-        "group_norm_act": (_act_save, _act_grads),
-        "group_norm_act_logsumexp": (_lse_save, _lse_grads),
-        "conv_transpose2d_gelu_group_norm": (_conv_save, _conv_grads)}
-for _op, (_save, _grads) in _OPS.items():
-    _register(_op, _save, _grads)
-    _register_not_differentiable(f"{_op}_backward")
-eager = {_op: _eager(_op, _save, _grads) for _op, (_save, _grads) in _OPS.items()}
+eager = {}  # op name -> the functional API's eager entry (_eager)
+
+
+def register(op_name, save, grads) -> None:
+    """Autograd for gnext::<op_name> from its save/grads pair (ops/<op>.py), its backward op marked not
+    differentiable, and the functional API's eager entry."""
+    _register(op_name, save, grads)
+    _register_not_differentiable(f"{op_name}_backward")
+    eager[op_name] = _eager(op_name, save, grads)

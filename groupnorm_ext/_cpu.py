@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""CPU kernels of torch.ops.gnext.*: reference-quality composites of ATen ops with float32
-accumulation (correct first; the fast path is CUDA). They are registered from Python because the
-compiled module uses only PyTorch's stable ABI (csrc/common/stable.h), which offers no ATen math.
+"""What the CPU kernels of torch.ops.gnext.* share (each op's own kernel is in ops/<op>.py): the argument
+checks, GroupNorm forward and backward on ATen's CPU kernels (centred float32 math at large means), the
+activations and their derivatives. They are Python because the compiled module uses only PyTorch's stable ABI
+(csrc/common/stable.h), which offers no ATen math.
 
 The argument checks raise the same messages as the CUDA implementations (csrc/group_norm/group_norm.h,
 csrc/group_norm_act/group_norm_act_lse.cpp, csrc/conv_gelu_gn/conv_gelu_gn_cuda.cpp); tests/test_errors.py
@@ -308,148 +309,10 @@ def _normalized(v, s, mean, rstd, weight, bias):
     return n.view(v.shape)
 
 
-def group_norm(input, num_groups, weight, bias, eps):
-    return _group_norm("gnext.group_norm", input, num_groups, weight, bias, eps)
-
-
-def group_norm_backward(grad_out, input, mean, rstd, weight, num_groups, output_mask):
-    return _group_norm_backward("gnext.group_norm_backward", grad_out, input, mean, rstd, weight, num_groups,
-                                output_mask)
-
-
-def group_norm_act(input, num_groups, weight, bias, eps, activation, residual):
-    op = "gnext.group_norm_act"
-    act = parse_activation(op, activation)
-    check_group_norm_args(op, input, num_groups, weight, bias)
-    check_residual(op, input, residual)
-    n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
-    out = apply_act(n, act)
-    if residual is not None:
-        out = out + residual
-    return out.contiguous(memory_format=_memory_format(input)), mean, rstd
-
-
-def group_norm_act_backward(grad_out, input, mean, rstd, weight, bias, num_groups, activation, output_mask):
-    op = "gnext.group_norm_act_backward"
-    act = parse_activation(op, activation)
-    s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups)
-    if bias is not None:
-        check_group_norm_args(op, input, num_groups, weight, bias)
-    dn = grad_out
-    if act != "identity" and input.numel() > 0:
-        n = _normalized(input.float().contiguous(), s, mean, rstd, weight, bias)
-        dn = act_backward(grad_out.float().contiguous(), n, act).to(input.dtype)
-    return _group_norm_backward(op, dn, input, mean, rstd, weight, num_groups, output_mask)
-
-
-def _biased_float(input, input_bias):
-    v = input.float()
-    if input_bias is None:
-        return v
-    shape = [1] * input.dim()
-    shape[1] = input.shape[1]
-    return v + input_bias.float().view(shape)
-
-
-def _float_or_none(t):
-    return None if t is None else t.float()
-
-
-def _residual_act(v, s, mean, rstd, weight, bias, act, residual):
-    n = _normalized(v.contiguous(), s, mean, rstd, weight, bias)
-    r = apply_act(n, act)
-    return (r + v if residual else r), n
-
-
-def group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation, residual):
-    op = "gnext.group_norm_act_logsumexp"
-    s = check_lse_args(op, input, input_bias, num_groups, weight, bias)
-    act = parse_activation(op, activation)
-    v = _biased_float(input, input_bias)
-    _, mean, rstd = _group_norm(op, v, num_groups, _float_or_none(weight), _float_or_none(bias), eps)
-    r, _ = _residual_act(v, s, mean, rstd, weight, bias, act, residual)
-    return torch.logsumexp(r, 1, keepdim=True).to(input.dtype).contiguous(), mean, rstd
-
-
-def group_norm_act_logsumexp_backward(grad_out, out, input, input_bias, mean, rstd, weight, bias, num_groups,
-                                      activation, residual, output_mask):
-    op = "gnext.group_norm_act_logsumexp_backward"
-    s = check_lse_args(op, input, input_bias, num_groups, weight, bias)
-    check_lse_backward_args(op, s, input, grad_out, out, mean, rstd)
-    act = parse_activation(op, activation)
-    _check(not output_mask[1] or input_bias is not None,
-           f"{op}: grad of input_bias requested without input_bias")
-    v = _biased_float(input, input_bias)
-    r, n = _residual_act(v, s, mean, rstd, weight, bias, act, residual)
-    dr = grad_out.float() * torch.exp(r - out.float())
-    dn = act_backward(dr, n, act)
-    dv, dw, db = _group_norm_backward(op, dn, v, mean, rstd, _float_or_none(weight), num_groups,
-                                      [output_mask[0] or output_mask[1], output_mask[2], output_mask[3]])
-    dx = dib = None
-    if output_mask[0] or output_mask[1]:
-        d = dv + dr if residual else dv
-        if output_mask[1]:
-            dims = [i for i in range(input.dim()) if i != 1]
-            dib = d.sum(dims).to(input_bias.dtype)
-        if output_mask[0]:
-            dx = d.to(input.dtype).contiguous(memory_format=_memory_format(input))
-    pdtype = _param_grad_dtype(input, weight)
-    return dx, dib, None if dw is None else dw.to(pdtype), None if db is None else db.to(pdtype)
-
-
-def _conv_format(input):
-    """The input's own layout (channels_last stays channels_last) on the CPU."""
-    if input.dim() == 4 and not input.is_contiguous() and input.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    return torch.contiguous_format
-
-
-def _bias_gelu(z, conv_bias, approximate):
-    u = z + conv_bias.view(1, -1, 1, 1) if conv_bias is not None else z
-    return F.gelu(u, approximate=approximate), u
-
-
-def conv_transpose2d_gelu_group_norm(input, weight, conv_bias, stride, padding, output_padding, dilation, groups,
-                                     num_groups, gn_weight, gn_bias, eps, approximate):
-    op = "gnext.conv_transpose2d_gelu_group_norm"
-    check_conv_args(op, input, weight, conv_bias, stride, padding, output_padding, dilation, groups)
-    approximate = _gelu_approximate(op, approximate)
-    fmt = _conv_format(input)
-    z = F.conv_transpose2d(input.contiguous(memory_format=fmt), weight, None, stride, padding, output_padding,
-                           groups, dilation).contiguous(memory_format=fmt)
-    a, _ = _bias_gelu(z, conv_bias, approximate)
-    out, mean, rstd = _group_norm(op, a, num_groups, gn_weight, gn_bias, eps)
-    return out, z, mean, rstd, input.new_empty((0,))  # input_cl: the CPU keeps the input's layout
-
-
-def conv_transpose2d_gelu_group_norm_backward(grad_out, input, weight, conv_bias, z, mean, rstd, gn_weight, stride,
-                                              padding, output_padding, dilation, groups, num_groups, approximate,
-                                              output_mask):
-    op = "gnext.conv_transpose2d_gelu_group_norm_backward"
-    check_conv_args(op, input, weight, conv_bias, stride, padding, output_padding, dilation, groups)
-    approximate = _gelu_approximate(op, approximate)
-    need_dz = output_mask[0] or output_mask[1] or (output_mask[2] and conv_bias is not None)
-    a, u = _bias_gelu(z, conv_bias, approximate)
-    da, dgw, dgb = _group_norm_backward(op, grad_out, a, mean, rstd, gn_weight, num_groups,
-                                        [need_dz, output_mask[3], output_mask[4]])
-    dz = torch.ops.aten.gelu_backward(da, u, approximate=approximate) if da is not None else None
-    dinput = dweight = dbias = None
-    if output_mask[2] and conv_bias is not None:
-        dbias = dz.sum((0, 2, 3), dtype=torch.float32).to(conv_bias.dtype)
-    if output_mask[0] or output_mask[1]:
-        fmt = _conv_format(input)
-        gi, gw, _ = torch.ops.aten.convolution_backward(
-            dz.contiguous(memory_format=fmt), input.contiguous(memory_format=fmt), weight, None, stride, padding,
-            dilation, True, output_padding, groups, [output_mask[0], output_mask[1], False])
-        if output_mask[0]:
-            dinput = gi.contiguous(memory_format=fmt)
-        if output_mask[1]:
-            dweight = gw.contiguous(memory_format=_conv_format(weight))
-    return dinput, dweight, dbias, dgw, dgb
-
-
 _lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module
-for _fn in (group_norm, group_norm_backward, group_norm_act, group_norm_act_backward, group_norm_act_logsumexp,
-            group_norm_act_logsumexp_backward, conv_transpose2d_gelu_group_norm,
-            conv_transpose2d_gelu_group_norm_backward):
-    _lib.impl(_fn.__name__, _fn, "CPU")
+
+
+def register(*fns) -> None:
+    """Registers each function as the CPU kernel of the gnext op of its name."""
+    for fn in fns:
+        _lib.impl(fn.__name__, fn, "CPU")

@@ -1,10 +1,33 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Registers everything of torch.ops.gnext.* beyond the compiled CUDA kernels, in order: the fake kernels
-(_ops), the CPU kernels (_cpu), autograd (_autograd), then the layout tag, which must come after every
+"""Registers everything of torch.ops.gnext.* beyond the compiled CUDA kernels: each op's module (ops/<op>.py)
+registers its fake kernels, CPU kernels and autograd on import; then the layout tag, which must come after every
 registration (torch.library's registrations rebuild the overload objects, their tags with them)."""
-from . import _ops  # noqa: F401  (first: the fake kernels)
-from . import _cpu  # noqa: F401,I001
-from . import _autograd  # noqa: F401,I001
-from ._library import ops  # noqa: F401
+from __future__ import annotations
 
-_ops.mark_flexible_layout()
+import torch
+
+from ._library import ops
+from .ops import conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp  # noqa: F401
+
+
+def mark_flexible_layout() -> None:
+    """Tag every gnext overload with torch.Tag.flexible_layout: Inductor then hands the op its inputs in
+    the layout it already has them in, instead of forcing them to the strides they had when the graph
+    was traced (the default for custom ops, needs_exact_strides). Under torch.compile, Inductor runs the
+    convolutions of an NCHW model in channels_last; with exact strides every gnext call between two
+    convolutions cost a transposing copy of its input and another of its output (BiT training step,
+    H100: 3.1 ms of transposes in an 11.6 ms step). The kernels take any layout and the fake kernels (ops/<op>.py)
+    give the output layout the CUDA/CPU kernels produce for every input layout, so no constraint is
+    needed. The stable ABI can attach tags at definition time only from torch 2.12
+    (StableLibrary::def(schema, tags)); the wheel supports 2.11, so the tag is added to the overload
+    objects here, which is what torch.compile reads (OpOverload.tags)."""
+    flexible = torch.Tag.flexible_layout
+    for name in ops:
+        packet = getattr(ops, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if flexible not in op.tags:
+                op._tags = [*op.tags, flexible]
+
+
+mark_flexible_layout()

@@ -1,17 +1,12 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""nn.Module drop-ins for torch.nn.GroupNorm and a helper that swaps them into a model."""
+"""nn.Module drop-ins: GroupNorm (for torch.nn.GroupNorm), GroupNormAct (GroupNorm + activation + residual) and
+ConvTranspose2dGELUGroupNorm. The converters that swap them into a model are in convert.py."""
 from __future__ import annotations
-
-import logging
-import types
-import warnings
 
 import torch
 from torch import nn
 
 from .functional import ACTIVATIONS, conv_transpose2d_gelu_group_norm, group_norm, group_norm_act
-
-_log = logging.getLogger("groupnorm_ext")
 
 
 class GroupNorm(nn.GroupNorm):
@@ -25,31 +20,6 @@ class GroupNorm(nn.GroupNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
-
-
-def convert_group_norm(module: nn.Module, *, return_counts: bool = False):
-    """Replaces every GroupNorm layer of ``module`` (recursively, the root included) by
-    :class:`GroupNorm`, sharing its parameters (no copy), and returns the converted module.
-
-    Converted: ``nn.GroupNorm``, its subclasses that keep ``nn.GroupNorm.forward``, and timm's
-    ``GroupNorm`` and ``GroupNorm1`` (``timm.layers``: ``F.group_norm`` in their forward). Left alone,
-    and counted as ``skipped``: other subclasses with a forward of their own (unknown semantics), and
-    gnext's own modules. ``state_dict`` keys and the ``training`` flag are kept. A summary is logged
-    (logger ``groupnorm_ext``, INFO); a model with GroupNorm layers of which none was converted gets a
-    ``UserWarning``.
-
-    Args:
-        module: any ``nn.Module``.
-        return_counts: also return the counts ``{"group_norm": n, "group_norm_act": 0,
-            "resnet_block2d": 0, "skipped": n}`` (the keys of :func:`convert_group_norm_act`).
-
-    Returns:
-        The converted module (``module`` itself unless it is a GroupNorm), or ``(module, counts)``.
-    """
-    counts = _new_counts()
-    module = _convert(module, counts, act=False)
-    _report("convert_group_norm", module, counts)
-    return (module, counts) if return_counts else module
 
 
 class ConvTranspose2dGELUGroupNorm(nn.Module):
@@ -93,28 +63,6 @@ class ConvTranspose2dGELUGroupNorm(nn.Module):
                                                 self.approximate)
 
 
-def convert_conv_transpose_gelu_group_norm(module: nn.Module) -> nn.Module:
-    """Fuses every ``nn.ConvTranspose2d -> nn.GELU -> nn.GroupNorm`` run of three consecutive children
-    of an ``nn.Sequential`` (recursively) into :class:`ConvTranspose2dGELUGroupNorm`, sharing the
-    parameters; the GELU and GroupNorm slots become ``nn.Identity`` so indices stay valid. Returns
-    ``module``. Patterns written in a ``forward`` method (not a Sequential) are not detected. The
-    converted model's ``state_dict`` keys change (``0.weight`` -> ``0.conv.weight``): load a
-    checkpoint before converting.
-    """
-    for child in module.children():
-        convert_conv_transpose_gelu_group_norm(child)
-    if isinstance(module, nn.Sequential):
-        mods = list(module)
-        for i in range(len(mods) - 2):
-            a, b, c = mods[i], mods[i + 1], mods[i + 2]
-            if (type(a) is nn.ConvTranspose2d and type(b) is nn.GELU and type(c) is nn.GroupNorm
-                    and a.padding_mode == "zeros" and isinstance(a.padding, tuple)):
-                module[i] = ConvTranspose2dGELUGroupNorm.from_modules(a, b, c)
-                module[i + 1], module[i + 2] = nn.Identity(), nn.Identity()
-                mods = list(module)
-    return module
-
-
 class GroupNormAct(nn.GroupNorm):
     r"""``act(GroupNorm(x)) [+ residual]`` (:func:`groupnorm_ext.functional.group_norm_act`).
 
@@ -142,217 +90,3 @@ class GroupNormAct(nn.GroupNorm):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation!r}"
-
-
-_TIMM_ACTS = {"Swish": "silu", "Tanh": "tanh", "HardSwish": "hardswish", "GELU": "gelu", "GELUTanh": "gelu_tanh"}
-
-
-def _activation_name(m: nn.Module):
-    """group_norm_act's name for an activation module, or None."""
-    if type(m) is nn.SiLU:
-        return "silu"
-    if type(m) is nn.GELU:
-        return "gelu" if m.approximate == "none" else "gelu_tanh"
-    if type(m) is nn.ReLU:
-        return "relu"
-    if type(m) is nn.Tanh:
-        return "tanh"
-    if type(m) is nn.Hardswish:
-        return "hardswish"
-    if m is not None and type(m).__module__.startswith("timm.layers"):
-        return _TIMM_ACTS.get(type(m).__name__)
-    return None
-
-
-def _timm(m: nn.Module, *names: str) -> bool:
-    return type(m).__module__.startswith("timm.layers") and type(m).__name__ in names
-
-
-def _plain_group_norm(m: nn.Module) -> bool:
-    """A GroupNorm layer whose forward is plain GroupNorm (converted to gnext's GroupNorm)."""
-    if not isinstance(m, nn.GroupNorm) or isinstance(m, (GroupNorm, GroupNormAct)):
-        return False
-    return type(m).forward is nn.GroupNorm.forward or _timm(m, "GroupNorm", "GroupNorm1")
-
-
-def _timm_group_norm_act(m: nn.Module):
-    """The activation name of a timm GroupNormAct / GroupNorm1Act that gnext can run (its dropout slot
-    empty, its activation known or identity), else None."""
-    if not isinstance(m, nn.GroupNorm) or not _timm(m, "GroupNormAct", "GroupNorm1Act"):
-        return None
-    if type(getattr(m, "drop", None)) is not nn.Identity:
-        return None
-    act = getattr(m, "act", None)
-    return "identity" if type(act) is nn.Identity else _activation_name(act)
-
-
-def _from_group_norm(cls, m: nn.GroupNorm, *extra) -> nn.GroupNorm:
-    """cls (GroupNorm or GroupNormAct) sharing m's parameters, in m's training mode."""
-    new = cls(m.num_groups, m.num_channels, m.eps, m.affine, *extra, device="meta")
-    if m.affine:
-        new.weight, new.bias = m.weight, m.bias
-    new.train(m.training)
-    return new
-
-
-def _new_counts() -> dict:
-    return {"group_norm": 0, "group_norm_act": 0, "resnet_block2d": 0, "skipped": 0}
-
-
-def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False) -> nn.Module:
-    """Converts module and its children in place; returns module, or its replacement if it is a norm."""
-    name = _timm_group_norm_act(module) if act else None
-    if name is not None:
-        counts["group_norm_act"] += 1
-        return _from_group_norm(GroupNormAct, module, name)
-    if _plain_group_norm(module):
-        counts["group_norm"] += 1
-        return _from_group_norm(GroupNorm, module)
-    if isinstance(module, nn.GroupNorm) and not isinstance(module, (GroupNorm, GroupNormAct)):
-        counts["skipped"] += 1
-        _log.info("gnext: left %s alone (a GroupNorm subclass with a forward of its own)", type(module).__name__)
-        return module
-    if blocks:
-        _fuse_blocks(module, counts)
-    if act and isinstance(module, nn.Sequential):  # a GroupNorm, then an activation module
-        for i in range(len(module) - 1):
-            a, b = module[i], module[i + 1]
-            name = _activation_name(b)
-            if _plain_group_norm(a) and name is not None:
-                module[i], module[i + 1] = _from_group_norm(GroupNormAct, a, name), nn.Identity()
-                counts["group_norm_act"] += 1
-    for child_name, child in module.named_children():
-        new = _convert(child, counts, act, blocks)
-        if new is not child:
-            setattr(module, child_name, new)
-    return module
-
-
-def _report(what: str, module: nn.Module, counts: dict) -> None:
-    _log.info("gnext %s: %s", what, ", ".join(f"{k} {v}" for k, v in counts.items() if v))
-    converted = counts["group_norm"] + counts["group_norm_act"]
-    if converted == 0 and counts["skipped"] > 0:
-        warnings.warn(f"gnext {what}: the model has {counts['skipped']} GroupNorm layer(s) and none was converted "
-                      f"(subclasses of nn.GroupNorm with a forward of their own are left alone)", stacklevel=3)
-
-
-def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_counts: bool = False):
-    """Like :func:`convert_group_norm`, and also fuses each GroupNorm with the activation after it into
-    :class:`GroupNormAct` (``act(group_norm(x))`` in one kernel), sharing the parameters:
-
-    * ``nn.GroupNorm`` followed by an activation module (SiLU, GELU, ReLU, Tanh, Hardswish, or timm's
-      Swish/GELU/GELUTanh/Tanh/HardSwish) as consecutive children of an ``nn.Sequential``; the
-      activation's slot becomes ``nn.Identity`` (indices stay valid);
-    * timm's ``GroupNormAct`` / ``GroupNorm1Act`` (activation inside the norm module; kept as is when
-      its dropout slot is used or its activation is not one of the above);
-    * with ``blocks=True``, diffusers' ``ResnetBlock2D``: ``norm1 -> nonlinearity`` and (unless
-      ``time_embedding_norm="scale_shift"``) ``norm2 -> nonlinearity`` are called from its
-      ``forward``, so the block gets a forward that calls the fused norms (:func:`_fuse_blocks`); the
-      time-embedding path keeps its own activation. Same results and ``state_dict`` keys.
-
-    Args:
-        module: any ``nn.Module``.
-        blocks: fuse the pairs inside diffusers ``ResnetBlock2D`` blocks.
-        return_counts: also return ``{"group_norm": n, "group_norm_act": n, "resnet_block2d": n,
-            "skipped": n}``.
-
-    Returns:
-        The converted module, or ``(module, counts)``. GroupNorms without an activation after them
-        become :class:`GroupNorm`.
-    """
-    counts = _new_counts()
-    module = _convert(module, counts, act=True, blocks=blocks)
-    _report("convert_group_norm_act", module, counts)
-    return (module, counts) if return_counts else module
-
-
-# --- diffusers ResnetBlock2D ------------------------------------------------------------------------
-# Its forward calls self.norm1 then self.nonlinearity, and self.norm2 then self.nonlinearity (the
-# same activation module also runs on the time embedding). The fused block runs _resnet_block2d_forward:
-# the same computation with norm1/norm2 as GroupNormAct. It is installed only on blocks whose class
-# forward is diffusers' own and whose source has both pairs as consecutive statements (checked once per
-# diffusers version), so a diffusers release that changes the block is left alone, not computed wrongly.
-_PAIRS = ("hidden_states = self.norm1(hidden_states)\n        hidden_states = self.nonlinearity(hidden_states)",
-          "hidden_states = self.norm2(hidden_states)",
-          "hidden_states = self.nonlinearity(hidden_states)\n\n        hidden_states = self.dropout(hidden_states)")
-_checked_forwards: dict = {}
-
-
-def _diffusers_block_ok(cls) -> bool:
-    fwd = cls.forward
-    if fwd not in _checked_forwards:
-        try:
-            import inspect
-
-            src = inspect.getsource(fwd)
-            _checked_forwards[fwd] = all(p in src for p in _PAIRS)
-        except (OSError, TypeError):
-            _checked_forwards[fwd] = False
-        if not _checked_forwards[fwd]:
-            _log.warning("gnext: %s.forward is not the one gnext knows; its norm/activation pairs stay unfused",
-                         cls.__qualname__)
-    return _checked_forwards[fwd]
-
-
-def _is_resnet_block2d(m: nn.Module) -> bool:
-    cls = type(m)
-    return (cls.__name__ == "ResnetBlock2D" and cls.__module__.startswith("diffusers.")
-            and "forward" not in m.__dict__ and _diffusers_block_ok(cls))
-
-
-def _resnet_block2d_forward(self, input_tensor, temb, *args, **kwargs):
-    """diffusers ResnetBlock2D.forward with norm1 (and norm2, unless scale_shift) computing
-    act(group_norm(.)) in one gnext kernel (GroupNormAct)."""
-    hidden_states = self.norm1(input_tensor)  # + nonlinearity
-    if self.upsample is not None:
-        if hidden_states.shape[0] >= 64:
-            input_tensor = input_tensor.contiguous()
-            hidden_states = hidden_states.contiguous()
-        input_tensor = self.upsample(input_tensor)
-        hidden_states = self.upsample(hidden_states)
-    elif self.downsample is not None:
-        input_tensor = self.downsample(input_tensor)
-        hidden_states = self.downsample(hidden_states)
-    hidden_states = self.conv1(hidden_states)
-    if self.time_emb_proj is not None:
-        if not self.skip_time_act:
-            temb = self.nonlinearity(temb)
-        temb = self.time_emb_proj(temb)[:, :, None, None]
-    if self.time_embedding_norm == "scale_shift":
-        if temb is None:
-            raise ValueError(f" `temb` should not be None when `time_embedding_norm` is {self.time_embedding_norm}")
-        time_scale, time_shift = torch.chunk(temb, 2, dim=1)
-        hidden_states = self.norm2(hidden_states)
-        hidden_states = hidden_states * (1 + time_scale) + time_shift
-        hidden_states = self.nonlinearity(hidden_states)
-    else:
-        if self.time_embedding_norm == "default" and temb is not None:
-            hidden_states = hidden_states + temb
-        hidden_states = self.norm2(hidden_states)  # + nonlinearity
-    hidden_states = self.dropout(hidden_states)
-    hidden_states = self.conv2(hidden_states)
-    if self.conv_shortcut is not None:
-        if self.training:
-            input_tensor = input_tensor.contiguous()
-        input_tensor = self.conv_shortcut(input_tensor)
-    return (input_tensor + hidden_states) / self.output_scale_factor
-
-
-def _fuse_blocks(module: nn.Module, counts: dict) -> None:
-    """Fuses the norm/activation pairs of module if it is a diffusers ResnetBlock2D (see above)."""
-    if not _is_resnet_block2d(module):
-        return
-    act = _activation_name(module.nonlinearity)
-    n1, n2 = module.norm1, module.norm2
-    if act is None or not (_plain_group_norm(n1) and _plain_group_norm(n2)):
-        return
-    module.norm1 = _from_group_norm(GroupNormAct, n1, act)
-    if module.time_embedding_norm == "scale_shift":
-        module.norm2 = _from_group_norm(GroupNorm, n2)
-        counts["group_norm"] += 1
-    else:
-        module.norm2 = _from_group_norm(GroupNormAct, n2, act)
-        counts["group_norm_act"] += 1
-    counts["group_norm_act"] += 1
-    counts["resnet_block2d"] += 1
-    module.forward = types.MethodType(_resnet_block2d_forward, module)

@@ -79,7 +79,7 @@ def test_compile_fullgraph_forward_backward(device, fmt):
 
 
 def test_ops_leave_the_layout_to_inductor():
-    """Every gnext overload carries torch.Tag.flexible_layout (added in _ops.py; the stable ABI of torch
+    """Every gnext overload carries torch.Tag.flexible_layout (added in _registry.py; the stable ABI of torch
     2.11 cannot attach tags), so Inductor adds no layout constraint: without it, each call in an NCHW model
     whose convolutions Inductor runs channels_last paid a transposing copy in and out (BiT training step
     on the H100: 11.6 ms of GPU kernels against 8.4 with the tag)."""
