@@ -48,7 +48,7 @@ def info() -> int:
     tmin = BUILD_INFO.get("torch_min")
     if tmin:
         run = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-        need = tuple(int(v) for v in tmin.split("."))
+        need = tuple(int(v) for v in str(tmin).split("."))
         if run < need:
             print(f"  WARNING: this build needs torch >= {tmin} (LibTorch stable ABI target), running {torch.__version__}")
             ok = False
@@ -56,8 +56,6 @@ def info() -> int:
             print(f"  stable ABI: runs on torch >= {tmin} (this torch: yes)")
     try:
         from . import _C  # noqa: F401
-
-        import torch.ops  # noqa: F401
 
         names = [n for n in ("group_norm", "group_norm_act", "group_norm_act_logsumexp",
                              "conv_transpose2d_gelu_group_norm")

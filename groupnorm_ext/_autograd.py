@@ -16,6 +16,8 @@ torch.ops.gnext.* and every compiled graph goes through, and the eager entry of 
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from . import _library  # noqa: F401  (loads the compiled module, which defines the schema)
@@ -151,7 +153,7 @@ def _register_not_differentiable(op_name):
 
 
 _lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module
-eager = {}  # op name -> the functional API's eager entry (_eager)
+eager: dict[str, Callable[..., Any]] = {}  # op name -> the functional API's eager entry (_eager)
 
 
 def register(op_name, save, grads) -> None:

@@ -48,7 +48,7 @@ def _activation(node: torch.fx.Node) -> Optional[str]:
     """group_norm_act's name for the activation this node computes (of its first argument), or None."""
     t, kw = node.target, node.kwargs
     if node.op == "call_method":
-        return {"relu": "relu", "tanh": "tanh", "relu_": "relu", "tanh_": "tanh"}.get(t) \
+        return {"relu": "relu", "tanh": "tanh", "relu_": "relu", "tanh_": "tanh"}.get(str(t)) \
             if len(node.args) == 1 and not kw else None
     if node.op != "call_function":
         return None
@@ -62,7 +62,7 @@ def _activation(node: torch.fx.Node) -> Optional[str]:
         return "hardswish"
     if t in (F.gelu, torch._C._nn.gelu):
         approximate = kw.get("approximate", node.args[1] if len(node.args) > 1 else "none")
-        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(str(approximate))
     return None
 
 
@@ -136,10 +136,10 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
             continue
         if act_node.op == "call_function" and act_node.target is F.hardswish and len(act_node.args) > 2:
             continue
-        xm, wm, bm = _meta(x), _meta(weight), _meta(bias)
-        if (weight is not None and wm is None) or (bias is not None and bm is None):
+        xm, wm, bm, om = _meta(x), _meta(weight), _meta(bias), _meta(act_node)
+        if xm is None or om is None or (weight is not None and wm is None) or (bias is not None and bm is None):
             continue
-        if not _fusable(xm, _meta(act_node), (wm, bm), when):
+        if not _fusable(xm, om, (wm, bm), when):
             continue
         last, residual = act_node, None
         if len(act_node.users) == 1:

@@ -66,7 +66,7 @@ def convert_conv_transpose_gelu_group_norm(module: nn.Module) -> nn.Module:
 _TIMM_ACTS = {"Swish": "silu", "Tanh": "tanh", "HardSwish": "hardswish", "GELU": "gelu", "GELUTanh": "gelu_tanh"}
 
 
-def _activation_name(m: nn.Module):
+def _activation_name(m: object):
     """group_norm_act's name for an activation module, or None."""
     if type(m) is nn.SiLU:
         return "silu"
@@ -87,7 +87,7 @@ def _timm(m: nn.Module, *names: str) -> bool:
     return type(m).__module__.startswith("timm.layers") and type(m).__name__ in names
 
 
-def _plain_group_norm(m: nn.Module) -> bool:
+def _plain_group_norm(m: object) -> bool:
     """A GroupNorm layer whose forward is plain GroupNorm (converted to gnext's GroupNorm)."""
     if not isinstance(m, nn.GroupNorm) or isinstance(m, (GroupNorm, GroupNormAct)):
         return False
@@ -105,7 +105,7 @@ def _timm_group_norm_act(m: nn.Module):
     return "identity" if type(act) is nn.Identity else _activation_name(act)
 
 
-def _from_group_norm(cls, m: nn.GroupNorm, *extra) -> nn.GroupNorm:
+def _from_group_norm(cls, m, *extra) -> nn.GroupNorm:
     """cls (GroupNorm or GroupNormAct) sharing m's parameters, in m's training mode."""
     new = cls(m.num_groups, m.num_channels, m.eps, m.affine, *extra, device="meta")
     if m.affine:

@@ -85,7 +85,7 @@ class GroupNormAct(nn.GroupNorm):
             self.register_parameter("bias", None)
         self.activation = activation
 
-    def forward(self, input: torch.Tensor, residual: torch.Tensor = None) -> torch.Tensor:
+    def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return group_norm_act(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, residual)
 
     def extra_repr(self) -> str:
