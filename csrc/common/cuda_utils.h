@@ -101,7 +101,7 @@ struct DeviceProps {
   int memoryClockKHz, memoryBusWidthBits;  // peak DRAM bandwidth: 2 * clock * width / 8 (peak_dram_gbs)
 };
 
-// Peak DRAM bandwidth in GB/s (double data rate): H100 SXM 3352, H200 4916.
+// Peak DRAM bandwidth in GB/s (double data rate): H100 SXM 3352, H200 4814 or 4916 (two hosts seen).
 inline int64_t peak_dram_gbs(const DeviceProps& p) {
   return 2 * int64_t{p.memoryClockKHz} * (p.memoryBusWidthBits / 8) / 1000000;
 }

@@ -210,7 +210,7 @@ inline bool use_nhwc(const Problem& p, const Request& r, size_t state_bytes, con
 // Persistent kernels against the streamed two-pass kernels, by peak DRAM bandwidth. Persistent forward: 1R + 1W
 // at 2.0-2.7 TB/s (bytes in flight per SM); two-pass: 2R + 1W at ~0.95 of copy bandwidth. Persistent pays while
 // 2 / 2.4 < 3 / (0.95 BW), i.e. BW < ~3.8 TB/s. Example: 8x256x256x256 bf16 forward, one-pass / two-pass µs:
-// H100 (3352 GB/s) 269 / 276, H200 (4916 GB/s) 247 / 210. docs/decisions/persistent-vs-streamed.md.
+// H100 (3352 GB/s) 269 / 276, H200 (4814-4916 GB/s) 247 / 210. docs/decisions/persistent-vs-streamed.md.
 constexpr int64_t kPersistentMaxPeakGBs = 3800;
 constexpr bool persistent_kernels_pay(int64_t peak_gbs) { return peak_gbs < kPersistentMaxPeakGBs; }
 // It applies to one-pass forwards of at least 64 groups of at least 1 MiB (smaller groups are a tile or two with
