@@ -77,7 +77,7 @@ static PyObject* set_aten_kernels_py(PyObject*, PyObject* arg) {
     return nullptr;
   }
 #else
-  if (enable == -2) return PyBool_FromLong(0);
+  if (enable != 1) return PyBool_FromLong(0);  // query, or off: they never were on
   PyErr_SetString(PyExc_RuntimeError, "gnext was built without CUDA: there are no CUDA kernels to give ATen");
   return nullptr;
 #endif

@@ -13,11 +13,26 @@ from conftest import BWD_TOL, FWD_TOL, HAS_CUDA, poison, rand_input, reference, 
 
 gpu = pytest.mark.gpu
 CL = torch.channels_last
+try:
+    from groupnorm_ext._build_info import BUILD_INFO
+except ImportError:  # an in-tree build without setup.py's record
+    BUILD_INFO = {"cuda": "unknown"}
+CPU_ONLY = BUILD_INFO.get("cuda") is None
+
+
+def test_cpu_only_build_says_there_is_nothing_to_enable():
+    if not CPU_ONLY:
+        pytest.skip("a CUDA build")
+    with pytest.raises(RuntimeError, match="built without CUDA"):
+        ge.enable_aten_kernels()
+    assert not ge.aten_kernels_enabled()
 
 
 @pytest.fixture(autouse=True)
-def _restore():
-    """Every test leaves the kernels as it found them (off)."""
+def _restore(request):
+    """Every test leaves the kernels as it found them (off); a CPU-only build has none to give ATen."""
+    if CPU_ONLY and request.node.name != "test_cpu_only_build_says_there_is_nothing_to_enable":
+        pytest.skip("CPU-only build (GNEXT_CPU_ONLY=1): no CUDA kernels to give ATen")
     assert not ge.aten_kernels_enabled()
     yield
     ge.disable_aten_kernels()

@@ -1,0 +1,242 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""GroupNorm of a tensor split by space over the ranks of a process group (torch.distributed: NCCL on GPUs,
+gloo on CPUs): each rank holds a shard of one image or video along a spatial dim (rows of H, frames of T), and
+every GroupNorm needs the statistics of the whole tensor.
+
+Forward: per-shard float32 statistics per (n, g) (count, mean, M2), one all-gather of those N*G*3 numbers (a few
+KB, not the activation), Chan's merge in float64 (exact for uneven shards), then the normalize (+activation,
++residual) pass on the shard. Backward: one all-reduce of the two per-(n, g) sums that dx needs (sum dy' and
+sum dy'*xhat, dy' = dy*act'*gamma) together with the per-channel dweight/dbias partials. The result equals
+nn.GroupNorm (+activation) of the gathered tensor (Wu & He 2018), forward and backward.
+
+The normalize and backward passes here are PyTorch ops on the shard (float32 math); the per-shard statistics
+come from gnext's GroupNorm kernels. A fused pass that also writes the partials is the next step
+(docs/api.md, "GroupNorm across GPUs")."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+
+from . import _cpu
+from ._library import ACTIVATIONS, ops
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SIG_LEN = 14  # int64 entries of the shard signature that every rank compares
+
+
+def _world(group) -> int:
+    return dist.get_world_size(group)
+
+
+def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
+    """(world, *t.shape): every rank's t, through torch.distributed's functional collectives (traceable)."""
+    pg: Any = group if group is not None else dist.group.WORLD
+    out = funcol.all_gather_tensor(t.contiguous().view(1, -1), 0, pg)
+    return funcol.wait_tensor(out).view(_world(group), *t.shape)
+
+
+def _all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
+    pg: Any = group if group is not None else dist.group.WORLD
+    out = funcol.all_reduce(t, "sum", pg)
+    return funcol.wait_tensor(out)
+
+
+def _check_args(x, num_groups, weight, bias, activation, residual, dim):
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        raise ValueError(f"distributed.group_norm: input must be (N, C, *spatial) with a spatial dim to split, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"distributed.group_norm: input dtype must be float32, float16 or bfloat16, got {x.dtype}")
+    C = x.shape[1]
+    if num_groups <= 0 or C % num_groups != 0:
+        raise ValueError(f"distributed.group_norm: num_channels C={C} must be divisible by num_groups={num_groups}")
+    if not 2 <= dim < x.dim():
+        raise ValueError(f"distributed.group_norm: dim must be a spatial dim in [2, {x.dim()}), got {dim}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and (p.shape != (C,) or p.device != x.device):
+            raise ValueError(f"distributed.group_norm: {name} must be ({C},) on {x.device}, got {tuple(p.shape)} on "
+                             f"{p.device}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"distributed.group_norm: activation must be one of {', '.join(ACTIVATIONS)}, got "
+                         f"{activation!r}")
+    if residual is not None and (residual.shape != x.shape or residual.device != x.device):
+        raise ValueError(f"distributed.group_norm: residual must have input's shape {tuple(x.shape)} on {x.device}, got "
+                         f"{tuple(residual.shape)} on {residual.device}")
+
+
+def _check_shards(x, num_groups, dim, group):
+    """All ranks' N, C, G, dtype and non-split dims agree; else ValueError on every rank (each sees all)."""
+    sig = [x.dim(), x.shape[0], x.shape[1], num_groups, _DTYPES.index(x.dtype), dim]
+    sig += [s for i, s in enumerate(x.shape) if i >= 2 and i != dim]  # the sizes that must match
+    if len(sig) > _SIG_LEN:
+        raise ValueError(f"distributed.group_norm: at most {_SIG_LEN - 4} spatial dims, got {x.dim() - 2}")
+    mine = torch.tensor(sig + [-1] * (_SIG_LEN - len(sig)), dtype=torch.int64, device=x.device)
+    rows = _all_gather(mine, group).tolist()
+    if any(r != rows[0] for r in rows):
+        names = "ndim, N, C, num_groups, dtype, dim, non-split sizes"
+        raise ValueError("distributed.group_norm: the shards differ across ranks in (" + names + "): " +
+                         "; ".join(f"rank {i}: {[v for v in r if v != -1]}" for i, r in enumerate(rows)))
+
+
+def _merged_stats(x, num_groups, eps, group):
+    """Global mean and rstd (N, G) float32 by Chan's merge of every rank's (count, mean, M2)."""
+    N = x.shape[0]
+    count = x.numel() // (N * num_groups)
+    if count > 0:
+        # gnext's kernels with eps = 0: mean and 1/sqrt(var) of the shard (var = 1/rstd^2; a constant group gives
+        # rstd = inf, var = 0). The normalized output is not used.
+        _, mean, rstd = ops.group_norm(x, num_groups, None, None, 0.0)
+        var = rstd.double().pow(-2)
+        mean = mean.double()
+    else:
+        mean = var = torch.zeros(N, num_groups, dtype=torch.float64, device=x.device)
+    mine = torch.stack([torch.full_like(mean, float(count)), mean, var * count])  # (3, N, G)
+    n_i, mean_i, m2_i = _all_gather(mine, group).unbind(1)  # (world, N, G) each
+    n = n_i.sum(0)
+    mu = (n_i * mean_i).sum(0) / n
+    m2 = (m2_i + n_i * (mean_i - mu) ** 2).sum(0)
+    rstd = torch.rsqrt(m2 / n + eps)
+    return mu.float(), rstd.float(), n
+
+
+class _SpatialGroupNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x, weight, bias, residual, num_groups, eps, activation, group):
+        N, C = x.shape[:2]
+        mean, rstd, n = _merged_stats(x, num_groups, eps, group)
+        xf = x.float().reshape(N, num_groups, -1)
+        xhat = ((xf - mean[..., None]) * rstd[..., None]).reshape(N, C, -1)
+        y = xhat
+        if weight is not None:
+            y = y * weight.float()[None, :, None]
+        if bias is not None:
+            y = y + bias.float()[None, :, None]
+        out = _cpu.apply_act(y, activation)
+        if residual is not None:
+            out = out + residual.float().reshape(N, C, -1)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.num_groups, ctx.activation, ctx.group, ctx.n = num_groups, activation, group, n
+        return out.reshape(x.shape).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, dout):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        G, act, group = ctx.num_groups, ctx.activation, ctx.group
+        N, C = x.shape[:2]
+        need_x, need_w, need_b, need_r = ctx.needs_input_grad[:4]
+        dres = dout if need_r else None
+        xhat = ((x.float().reshape(N, G, -1) - mean[..., None]) * rstd[..., None]).reshape(N, C, -1)
+        g = dout.float().reshape(N, C, -1)
+        if act != "identity":
+            y = xhat
+            if weight is not None:
+                y = y * weight.float()[None, :, None]
+            if bias is not None:
+                y = y + bias.float()[None, :, None]
+            g = _cpu.act_backward(g, y, act)
+        dg = g.sum(-1)  # (N, C): dbias partial
+        dgx = (g * xhat).sum(-1)  # dweight partial
+        gw = g * weight.float()[None, :, None] if weight is not None else g
+        wf = weight.float() if weight is not None else torch.ones(C, device=x.device)
+        s1 = (dg * wf).reshape(N, G, -1).sum(-1)  # sum of dy' over the group's shard
+        s2 = (dgx * wf).reshape(N, G, -1).sum(-1)  # sum of dy' * xhat
+        # One all-reduce: the group sums dx needs and the per-channel parameter partials.
+        buf = torch.cat([s1.flatten(), s2.flatten(), dgx.sum(0), dg.sum(0)]).double()
+        buf = _all_reduce_sum(buf, group)
+        s1, s2, dw, db = buf.split([N * G, N * G, C, C])
+        dx = None
+        if need_x:
+            n = ctx.n.to(buf.dtype)
+            c1 = (s1.view(N, G) / n).float()[..., None]
+            c2 = (s2.view(N, G) / n).float()[..., None]
+            d = gw.reshape(N, G, -1) - c1 - xhat.reshape(N, G, -1) * c2
+            dx = (d * rstd[..., None]).reshape(x.shape).to(x.dtype)
+        dweight = dw.to(weight.dtype) if need_w and weight is not None else None
+        dbias = db.to(bias.dtype) if need_b and bias is not None else None
+        return dx, dweight, dbias, dres, None, None, None, None
+
+
+def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5, *, activation: str | None = None,
+               residual: torch.Tensor | None = None, dim: int = 2, group=None, check: bool = True) -> torch.Tensor:
+    r"""GroupNorm (+activation, +residual) of a tensor split along spatial dim ``dim`` over the ranks of ``group``.
+
+    ``input`` is this rank's shard ``(N, C, *spatial)``, the shards in rank order along ``dim`` (H for 4-D, T or H
+    for 5-D); shard sizes along ``dim`` may differ (zero included). The result is this rank's shard of
+    ``act(nn.GroupNorm(num_groups, C)(gathered) ) + residual``: out = act((x - mean[n, g]) * rstd[n, g] *
+    weight[c] + bias[c]) + residual, mean and the biased variance over the whole group of the gathered tensor,
+    rstd = 1 / sqrt(var + eps) (Wu & He 2018). float32, float16, bfloat16; any device the backend serves.
+
+    Gradients: the gradient of the sum of every rank's loss. ``dweight``/``dbias`` are complete (summed over the
+    shards) and the same on every rank of ``group``; under DDP/FSDP over a data-parallel group they are then
+    averaged across that group as usual (averaging the identical values of one spatial group changes nothing).
+
+    Communication per call: forward, one all-gather of N*G*3 float64 (and, with ``check``, one of 14 int64);
+    backward, one all-reduce of N*G*2 + C*2 float64. ``check=True`` (eager default) compares the shards' N, C,
+    num_groups, dtype, ndim and non-split sizes across ranks on the host first: one host synchronization.
+    Pass ``check=False`` under CUDA graphs or when the shapes are known to agree.
+
+    Raises:
+        ValueError: C % num_groups != 0, a bad ``dim``, weight/bias not ``(C,)`` on the input's device, an unknown
+            activation, a residual of another shape, or (``check``) shards that differ across ranks: on every rank.
+        TypeError: an integer or float64 input.
+    """
+    activation = activation or "identity"
+    _check_args(input, num_groups, weight, bias, activation, residual, dim)
+    if check and not torch.compiler.is_compiling():
+        _check_shards(input, num_groups, dim, group)
+    return _SpatialGroupNorm.apply(input, weight, bias, residual, num_groups, eps, activation, group)
+
+
+class SpatialGroupNorm(nn.GroupNorm):
+    """``nn.GroupNorm`` (same constructor, parameters and state_dict, plus ``activation``) whose input is a shard
+    split along ``dim`` over ``group`` (:func:`group_norm`). ``forward(x, residual=None)``."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, *, activation="identity", dim=2,
+                 group=None, device=None, dtype=None):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"SpatialGroupNorm: activation must be one of {', '.join(ACTIVATIONS)}, got "
+                             f"{activation!r}")
+        super().__init__(num_groups, num_channels, eps, affine, device=device, dtype=dtype)
+        self.activation, self.dim, self.group = activation, dim, group
+
+    def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return group_norm(input, self.num_groups, self.weight, self.bias, self.eps, activation=self.activation,
+                          residual=residual, dim=self.dim, group=self.group)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", activation={self.activation!r}, dim={self.dim}"
+
+
+def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None) -> nn.Module:
+    """Swaps every ``nn.GroupNorm`` (its plain subclasses, and gnext's ``GroupNorm`` / ``GroupNormAct``, whose
+    activation it keeps) of ``module`` for :class:`SpatialGroupNorm` sharing its parameters; returns the module
+    (or its replacement if it is itself a GroupNorm). ``state_dict`` keys are unchanged."""
+    from .modules import GroupNormAct
+
+    def swap(m):
+        if isinstance(m, SpatialGroupNorm) or not isinstance(m, nn.GroupNorm):
+            return None
+        if type(m).forward not in (nn.GroupNorm.forward,) and type(m).__module__ != "groupnorm_ext.modules":
+            return None
+        new = SpatialGroupNorm(m.num_groups, m.num_channels, m.eps, m.affine,
+                               activation=m.activation if isinstance(m, GroupNormAct) else "identity", dim=dim,
+                               group=group)
+        new.weight, new.bias = m.weight, m.bias
+        new.train(m.training)
+        return new
+
+    top = swap(module)
+    if top is not None:
+        return top
+    for name, child in module.named_children():
+        new = swap(child)
+        if new is not None:
+            setattr(module, name, new)
+        else:
+            convert_group_norm_spatial(child, dim=dim, group=group)
+    return module

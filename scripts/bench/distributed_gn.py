@@ -1,0 +1,125 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""GroupNorm(+SiLU) of one activation split along H over the GPUs of this host (NCCL, one process per GPU),
+per layer, forward: gnext's groupnorm_ext.distributed.group_norm against the all-gather approach (gather the
+whole activation to every rank, GroupNorm it, keep this rank's rows: sglang's parallel VAE, written here from its
+description), eager GroupNorm of the shard alone (wrong statistics: what the shard's pass costs) and gnext's op
+on the shard alone; max abs difference of each rank's shard from nn.GroupNorm of the whole tensor (float32 on
+rank 0). Median of CUDA-event times over reps, barrier before each.
+    python scripts/bench/distributed_gn.py [--shape 1,128,4096,4096] [--gpus N] [--dtype float16]"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def _time(fn, reps):
+    ts = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    t = torch.tensor([statistics.median(ts)], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a layer takes as long as its slowest rank
+    return float(t)
+
+
+def _worker(rank, world, init, args, q):
+    import groupnorm_ext as ge
+    from groupnorm_ext import distributed as gd
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
+    dtype = getattr(torch, args.dtype)
+    N, C, H, W = args.shape
+    G = 32
+    rows = [H // world] * world
+    rows[-1] += H - sum(rows)
+    lo = sum(rows[:rank])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    full = (torch.randn(N, C, H, W, device="cuda", generator=g) * 2 + 1).to(dtype) if rank == 0 else None
+    shard = torch.empty(N, C, rows[rank], W, device="cuda", dtype=dtype)
+    if rank == 0:
+        chunks = list(full.split(rows, dim=2))
+        shard.copy_(chunks[0])
+        for r in range(1, world):
+            dist.send(chunks[r].contiguous(), r)
+    else:
+        dist.recv(shard, 0)
+    w = torch.rand(C, device="cuda", dtype=dtype) + 0.5
+    b = torch.randn(C, device="cuda", dtype=dtype)
+
+    def allgather_gn():
+        parts = [torch.empty(N, C, r, W, device="cuda", dtype=dtype) for r in rows]
+        dist.all_gather(parts, shard)
+        y = F.silu(F.group_norm(torch.cat(parts, dim=2), G, w, b, 1e-5))
+        return y[:, :, lo:lo + rows[rank]]
+
+    variants = {
+        "gnext distributed": lambda: gd.group_norm(shard, G, w, b, 1e-5, activation="silu", dim=2, check=False),
+        "all-gather + GroupNorm": allgather_gn,
+        "eager GroupNorm of the shard alone (wrong stats)": lambda: F.silu(F.group_norm(shard, G, w, b, 1e-5)),
+        "gnext op on the shard alone (wrong stats)": lambda: ge.group_norm_act(shard, G, w, b, 1e-5, activation="silu"),
+    }
+    out = {}
+    with torch.no_grad():
+        for name, fn in variants.items():
+            for _ in range(2):
+                fn()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            out[name] = {"ms": _time(fn, args.reps)}
+            out[name]["peak_extra_MB"] = (torch.cuda.max_memory_allocated() - base) / 1e6
+        got = variants["gnext distributed"]()
+        parts = [torch.empty(N, C, r, W, device="cuda", dtype=dtype) for r in rows]
+        dist.all_gather(parts, got.contiguous())
+        if rank == 0:
+            ref = F.silu(F.group_norm(full.float(), G, w.float(), b.float(), 1e-5))
+            diff = (torch.cat(parts, dim=2).float() - ref).abs().max().item()
+            q.put({"world": world, "shape": args.shape, "dtype": args.dtype, "rows": rows, "variants": out,
+                   "max_abs_diff_vs_fp32_whole": diff, "bytes_per_layer_gnext": world * N * G * 3 * 8,
+                   "bytes_per_layer_allgather": N * C * H * W * torch.finfo(dtype).bits // 8,
+                   "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shape", default="1,128,4096,4096")
+    p.add_argument("--gpus", type=int, default=torch.cuda.device_count())
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args()
+    args.shape = [int(v) for v in args.shape.split(",")]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_worker, args=(args.gpus, f"file://{tmp}/store", args, q), nprocs=args.gpus,
+                           join=True, start_method="spawn")
+    r = q.get()
+    print(f"{r['device']} x{r['world']}, torch {r['torch']}, {r['shape']} {r['dtype']} split along H as {r['rows']}:")
+    print("| variant | ms per layer (slowest rank) | peak extra MB (rank 0) |\n|---|---:|---:|")
+    for name, v in r["variants"].items():
+        print(f"| {name} | {v['ms']:.3f} | {v['peak_extra_MB']:.0f} |")
+    print(f"bytes exchanged per layer: gnext {r['bytes_per_layer_gnext']} (statistics), all-gather approach "
+          f"{r['bytes_per_layer_allgather'] / 1e9:.2f} GB (the activation); gnext vs fp32 whole-tensor GroupNorm: "
+          f"max abs diff {r['max_abs_diff_vs_fp32_whole']:.2e}")
+
+
+if __name__ == "__main__":
+    main()

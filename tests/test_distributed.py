@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""groupnorm_ext.distributed on CPUs with gloo, 2 and 3 processes: a tensor split along a spatial dim in uneven
+shards (one empty), forward and backward against nn.GroupNorm (+activation, +residual) of the gathered tensor in
+float64; shards that differ across ranks raise on every rank; the module and the converter."""
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+ACT = {"identity": lambda t: t, "silu": F.silu, "gelu": F.gelu, "relu": torch.relu}
+
+
+def _reference(x, G, w, b, act, res):
+    """float64 nn.GroupNorm (+act, +res) of the whole tensor, with its gradients for dy."""
+    xd = x.double().requires_grad_()
+    wd = w.double().requires_grad_() if w is not None else None
+    bd = b.double().requires_grad_() if b is not None else None
+    y = ACT[act](F.group_norm(xd, G, wd, bd, 1e-5))
+    if res is not None:
+        y = y + res.double()
+    return xd, wd, bd, y
+
+
+def _case(rank, world, shape, G, dtype, act, sizes, dim, with_res, affine, seed, device="cpu"):
+    from groupnorm_ext import distributed as gd
+
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 2 + 3).to(dtype)
+    w = (torch.rand(shape[1], generator=g) + 0.5).to(dtype) if affine else None
+    b = torch.randn(shape[1], generator=g).to(dtype) if affine else None
+    res = torch.randn(shape, generator=g).to(dtype) if with_res else None
+    dy = torch.randn(shape, generator=g).to(dtype)
+    xd, wd, bd, ref = _reference(x, G, w, b, act, res)
+    ref.backward(dy.double())
+    lo = sum(sizes[:rank])
+    sl = [slice(None)] * len(shape)
+    sl[dim] = slice(lo, lo + sizes[rank])
+    xs = x[tuple(sl)].to(device).requires_grad_()
+    ws = w.to(device).requires_grad_() if affine else None
+    bs = b.to(device).requires_grad_() if affine else None
+    rs = res[tuple(sl)].to(device).requires_grad_() if with_res else None
+    out = gd.group_norm(xs, G, ws, bs, 1e-5, activation=act, residual=rs, dim=dim)
+    out.backward(dy[tuple(sl)].to(device))
+    out, gx = out.detach().cpu(), xs.grad.cpu()
+    gw, gb = (ws.grad.cpu(), bs.grad.cpu()) if affine else (None, None)
+    gr = rs.grad.cpu() if with_res else None
+    tol = TOL[dtype]
+    scale = lambda t: max(1.0, float(t.abs().max())) if t.numel() else 1.0  # noqa: E731
+    assert out.dtype == dtype and out.shape == gx.shape
+    torch.testing.assert_close(out.double(), ref[tuple(sl)].detach(), rtol=tol, atol=tol * scale(ref))
+    torch.testing.assert_close(gx.double(), xd.grad[tuple(sl)], rtol=tol, atol=tol * scale(xd.grad))
+    if affine:
+        torch.testing.assert_close(gw.double(), wd.grad, rtol=tol, atol=tol * scale(wd.grad) * 4)
+        torch.testing.assert_close(gb.double(), bd.grad, rtol=tol, atol=tol * scale(bd.grad) * 4)
+    if with_res:
+        torch.testing.assert_close(gr, dy[tuple(sl)])
+
+
+def _uneven(total, world):
+    """total split over world shards, not all equal (the first one short by one where it can be)."""
+    sizes = [total // world] * world
+    sizes[-1] += total - sum(sizes)
+    if sizes[0] > 0 and world > 1:
+        sizes[0] -= 1
+        sizes[-1] += 1
+    return sizes
+
+
+def _nccl_worker(rank, world, init, errfile):
+    """The same cases on GPUs with NCCL (one GPU per rank)."""
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
+        dev = f"cuda:{rank}"
+        _case(rank, world, (2, 32, 11, 7), 8, torch.float32, "silu", _uneven(11, world), 2, True, True, 0, dev)
+        _case(rank, world, (1, 64, 6, 16, 16), 32, torch.bfloat16, "identity", _uneven(6, world), 2, False, True, 1,
+              dev)
+        dist.barrier()
+    except BaseException:
+        with open(f"{errfile}.{rank}", "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _worker(rank, world, init, errfile):
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+        from groupnorm_ext import distributed as gd
+
+        if world == 2:
+            _case(rank, world, (2, 32, 11, 7), 8, torch.float32, "silu", [4, 7], 2, True, True, 0)
+            _case(rank, world, (1, 24, 5, 6, 9), 3, torch.bfloat16, "gelu", [3, 2], 2, False, True, 1)  # 5-D, T
+            _case(rank, world, (2, 16, 9, 12), 4, torch.float16, "identity", [12, 0], 3, False, False, 2)
+            # The module and the converter: the same numbers as the function.
+            net = torch.nn.Sequential(torch.nn.GroupNorm(4, 16))
+            gd.convert_group_norm_spatial(net, dim=2)
+            assert isinstance(net[0], gd.SpatialGroupNorm) and list(net.state_dict()) == ["0.weight", "0.bias"]
+            x = torch.randn(2, 16, 3 + rank, 5, generator=torch.Generator().manual_seed(rank))
+            torch.testing.assert_close(net(x), gd.group_norm(x, 4, net[0].weight, net[0].bias, 1e-5))
+            # Shards that differ across ranks (C): a ValueError on every rank, no hang.
+            bad = torch.randn(1, 16 if rank == 0 else 32, 4, 4)
+            try:
+                gd.group_norm(bad, 4)
+            except ValueError as e:
+                assert "differ across ranks" in str(e), e
+            else:
+                raise AssertionError("mismatched shards were not rejected")
+        else:
+            _case(rank, world, (2, 24, 13, 5), 6, torch.float32, "relu", [5, 0, 8], 2, True, True, 3)
+            _case(rank, world, (3, 8, 4, 10), 8, torch.float32, "identity", [3, 3, 4], 3, False, True, 4)  # G = C
+        dist.barrier()
+    except BaseException:
+        with open(f"{errfile}.{rank}", "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_spatial_group_norm_gloo(world):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{os.path.join(tmp, 'store')}"
+        errfile = os.path.join(tmp, "err")
+        try:
+            mp.spawn(_worker, args=(world, init, errfile), nprocs=world, join=True)
+        except Exception:
+            msgs = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("err.")]
+            pytest.fail("\n".join(msgs) or "a worker failed")
+
+
+@pytest.mark.gpu
+def test_spatial_group_norm_nccl():
+    """Every visible GPU a rank (2 or more), NCCL."""
+    world = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if world < 2 or not dist.is_nccl_available():
+        pytest.skip("needs 2 or more GPUs and NCCL")
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{os.path.join(tmp, 'store')}"
+        errfile = os.path.join(tmp, "err")
+        try:
+            mp.spawn(_nccl_worker, args=(world, init, errfile), nprocs=world, join=True)
+        except Exception:
+            msgs = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("err.")]
+            pytest.fail("\n".join(msgs) or "a worker failed")
+
+
+def test_argument_errors_without_a_process_group():
+    from groupnorm_ext import distributed as gd
+
+    x = torch.randn(2, 12, 4, 4)
+    with pytest.raises(ValueError, match="divisible"):
+        gd.group_norm(x, 5)
+    with pytest.raises(ValueError, match="dim"):
+        gd.group_norm(x, 3, dim=1)
+    with pytest.raises(ValueError, match="weight"):
+        gd.group_norm(x, 3, torch.ones(6))
+    with pytest.raises(ValueError, match="activation"):
+        gd.group_norm(x, 3, activation="swish")
+    with pytest.raises(TypeError, match="dtype"):
+        gd.group_norm(x.double(), 3)
