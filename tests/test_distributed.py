@@ -108,6 +108,18 @@ def _worker(rank, world, init, errfile):
             assert isinstance(net[0], gd.SpatialGroupNorm) and list(net.state_dict()) == ["0.weight", "0.bias"]
             x = torch.randn(2, 16, 3 + rank, 5, generator=torch.Generator().manual_seed(rank))
             torch.testing.assert_close(net(x), gd.group_norm(x, 4, net[0].weight, net[0].bias, 1e-5))
+            # Under torch.compile(fullgraph=True): the functional collectives trace; forward and backward agree.
+            xs = torch.randn(2, 16, 3 + 2 * rank, 4, generator=torch.Generator().manual_seed(5 + rank))
+            xc = xs.clone().requires_grad_()
+            xe = xs.clone().requires_grad_()
+            wc = torch.rand(16, generator=torch.Generator().manual_seed(9)) + 0.5
+            compiled = torch.compile(lambda t: gd.group_norm(t, 4, wc, None, 1e-5, activation="silu", dim=2),
+                                     fullgraph=True)
+            yc, ye = compiled(xc), gd.group_norm(xe, 4, wc, None, 1e-5, activation="silu", dim=2)
+            torch.testing.assert_close(yc, ye)
+            yc.sum().backward()
+            ye.sum().backward()
+            torch.testing.assert_close(xc.grad, xe.grad)
             # Shards that differ across ranks (C): a ValueError on every rank, no hang.
             bad = torch.randn(1, 16 if rank == 0 else 32, 4, 4)
             try:
