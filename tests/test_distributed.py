@@ -141,18 +141,23 @@ def _worker(rank, world, init, errfile):
             dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_spatial_group_norm_gloo(world):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
+def _spawn(worker, world):
+    """Runs worker(rank, world, init, errfile) in `world` processes; a failing rank's traceback fails the test."""
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
         errfile = os.path.join(tmp, "err")
         try:
-            mp.spawn(_worker, args=(world, init, errfile), nprocs=world, join=True)
+            mp.spawn(worker, args=(world, init, errfile), nprocs=world, join=True)
         except Exception:
             msgs = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("err.")]
             pytest.fail("\n".join(msgs) or "a worker failed")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_spatial_group_norm_gloo(world):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    _spawn(_worker, world)
 
 
 @pytest.mark.gpu
@@ -161,14 +166,7 @@ def test_spatial_group_norm_nccl():
     world = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if world < 2 or not dist.is_nccl_available():
         pytest.skip("needs 2 or more GPUs and NCCL")
-    with tempfile.TemporaryDirectory() as tmp:
-        init = f"file://{os.path.join(tmp, 'store')}"
-        errfile = os.path.join(tmp, "err")
-        try:
-            mp.spawn(_nccl_worker, args=(world, init, errfile), nprocs=world, join=True)
-        except Exception:
-            msgs = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("err.")]
-            pytest.fail("\n".join(msgs) or "a worker failed")
+    _spawn(_nccl_worker, world)
 
 
 def test_argument_errors_without_a_process_group():
