@@ -74,63 +74,58 @@ def _uneven(total, world):
     return sizes
 
 
-def _nccl_worker(rank, world, init, errfile):
+def _nccl_cases(rank, world):
     """The same cases on GPUs with NCCL (one GPU per rank)."""
-    try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
-        dev = f"cuda:{rank}"
-        _case(rank, world, (2, 32, 11, 7), 8, torch.float32, "silu", _uneven(11, world), 2, True, True, 0, dev)
-        _case(rank, world, (1, 64, 6, 16, 16), 32, torch.bfloat16, "identity", _uneven(6, world), 2, False, True, 1,
-              dev)
-        dist.barrier()
-    except BaseException:
-        with open(f"{errfile}.{rank}", "w") as f:
-            f.write(traceback.format_exc())
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    dev = f"cuda:{rank}"
+    _case(rank, world, (2, 32, 11, 7), 8, torch.float32, "silu", _uneven(11, world), 2, True, True, 0, dev)
+    _case(rank, world, (1, 64, 6, 16, 16), 32, torch.bfloat16, "identity", _uneven(6, world), 2, False, True, 1, dev)
 
 
-def _worker(rank, world, init, errfile):
-    try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        from groupnorm_ext import distributed as gd
+def _gloo_cases(rank, world):
+    from groupnorm_ext import distributed as gd
 
-        if world == 2:
-            _case(rank, world, (2, 32, 11, 7), 8, torch.float32, "silu", [4, 7], 2, True, True, 0)
-            _case(rank, world, (1, 24, 5, 6, 9), 3, torch.bfloat16, "gelu", [3, 2], 2, False, True, 1)  # 5-D, T
-            _case(rank, world, (2, 16, 9, 12), 4, torch.float16, "identity", [12, 0], 3, False, False, 2)
-            # The module and the converter: the same numbers as the function.
-            net = torch.nn.Sequential(torch.nn.GroupNorm(4, 16))
-            gd.convert_group_norm_spatial(net, dim=2)
-            assert isinstance(net[0], gd.SpatialGroupNorm) and list(net.state_dict()) == ["0.weight", "0.bias"]
-            x = torch.randn(2, 16, 3 + rank, 5, generator=torch.Generator().manual_seed(rank))
-            torch.testing.assert_close(net(x), gd.group_norm(x, 4, net[0].weight, net[0].bias, 1e-5))
-            # Under torch.compile(fullgraph=True): the functional collectives trace; forward and backward agree.
-            xs = torch.randn(2, 16, 3 + 2 * rank, 4, generator=torch.Generator().manual_seed(5 + rank))
-            xc = xs.clone().requires_grad_()
-            xe = xs.clone().requires_grad_()
-            wc = torch.rand(16, generator=torch.Generator().manual_seed(9)) + 0.5
-            compiled = torch.compile(lambda t: gd.group_norm(t, 4, wc, None, 1e-5, activation="silu", dim=2),
-                                     fullgraph=True)
-            yc, ye = compiled(xc), gd.group_norm(xe, 4, wc, None, 1e-5, activation="silu", dim=2)
-            torch.testing.assert_close(yc, ye)
-            yc.sum().backward()
-            ye.sum().backward()
-            torch.testing.assert_close(xc.grad, xe.grad)
-            # Shards that differ across ranks (C): a ValueError on every rank, no hang.
-            bad = torch.randn(1, 16 if rank == 0 else 32, 4, 4)
-            try:
-                gd.group_norm(bad, 4)
-            except ValueError as e:
-                assert "differ across ranks" in str(e), e
-            else:
-                raise AssertionError("mismatched shards were not rejected")
+    if world == 2:
+        _case(rank, world, (2, 32, 11, 7), 8, torch.float32, "silu", [4, 7], 2, True, True, 0)
+        _case(rank, world, (1, 24, 5, 6, 9), 3, torch.bfloat16, "gelu", [3, 2], 2, False, True, 1)  # 5-D, T
+        _case(rank, world, (2, 16, 9, 12), 4, torch.float16, "identity", [12, 0], 3, False, False, 2)
+        # The module and the converter: the same numbers as the function.
+        net = torch.nn.Sequential(torch.nn.GroupNorm(4, 16))
+        gd.convert_group_norm_spatial(net, dim=2)
+        assert isinstance(net[0], gd.SpatialGroupNorm) and list(net.state_dict()) == ["0.weight", "0.bias"]
+        x = torch.randn(2, 16, 3 + rank, 5, generator=torch.Generator().manual_seed(rank))
+        torch.testing.assert_close(net(x), gd.group_norm(x, 4, net[0].weight, net[0].bias, 1e-5))
+        # Under torch.compile(fullgraph=True): the functional collectives trace; forward and backward agree.
+        xs = torch.randn(2, 16, 3 + 2 * rank, 4, generator=torch.Generator().manual_seed(5 + rank))
+        xc = xs.clone().requires_grad_()
+        xe = xs.clone().requires_grad_()
+        wc = torch.rand(16, generator=torch.Generator().manual_seed(9)) + 0.5
+        compiled = torch.compile(lambda t: gd.group_norm(t, 4, wc, None, 1e-5, activation="silu", dim=2),
+                                 fullgraph=True)
+        yc, ye = compiled(xc), gd.group_norm(xe, 4, wc, None, 1e-5, activation="silu", dim=2)
+        torch.testing.assert_close(yc, ye)
+        yc.sum().backward()
+        ye.sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad)
+        # Shards that differ across ranks (C): a ValueError on every rank, no hang.
+        bad = torch.randn(1, 16 if rank == 0 else 32, 4, 4)
+        try:
+            gd.group_norm(bad, 4)
+        except ValueError as e:
+            assert "differ across ranks" in str(e), e
         else:
-            _case(rank, world, (2, 24, 13, 5), 6, torch.float32, "relu", [5, 0, 8], 2, True, True, 3)
-            _case(rank, world, (3, 8, 4, 10), 8, torch.float32, "identity", [3, 3, 4], 3, False, True, 4)  # G = C
+            raise AssertionError("mismatched shards were not rejected")
+    else:
+        _case(rank, world, (2, 24, 13, 5), 6, torch.float32, "relu", [5, 0, 8], 2, True, True, 3)
+        _case(rank, world, (3, 8, 4, 10), 8, torch.float32, "identity", [3, 3, 4], 3, False, True, 4)  # G = C
+
+
+def _run(rank, world, init, errfile, backend):
+    """One rank: the cases of `backend`; a failure's traceback goes to errfile.<rank> for the test's message."""
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+        (_nccl_cases if backend == "nccl" else _gloo_cases)(rank, world)
         dist.barrier()
     except BaseException:
         with open(f"{errfile}.{rank}", "w") as f:
@@ -141,13 +136,13 @@ def _worker(rank, world, init, errfile):
             dist.destroy_process_group()
 
 
-def _spawn(worker, world):
-    """Runs worker(rank, world, init, errfile) in `world` processes; a failing rank's traceback fails the test."""
+def _spawn(backend, world):
+    """Runs _run in `world` processes; a failing rank's traceback fails the test."""
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
         errfile = os.path.join(tmp, "err")
         try:
-            mp.spawn(worker, args=(world, init, errfile), nprocs=world, join=True)
+            mp.spawn(_run, args=(world, init, errfile, backend), nprocs=world, join=True)
         except Exception:
             msgs = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.startswith("err.")]
             pytest.fail("\n".join(msgs) or "a worker failed")
@@ -157,7 +152,7 @@ def _spawn(worker, world):
 def test_spatial_group_norm_gloo(world):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    _spawn(_worker, world)
+    _spawn("gloo", world)
 
 
 @pytest.mark.gpu
@@ -166,7 +161,7 @@ def test_spatial_group_norm_nccl():
     world = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if world < 2 or not dist.is_nccl_available():
         pytest.skip("needs 2 or more GPUs and NCCL")
-    _spawn(_nccl_worker, world)
+    _spawn("nccl", world)
 
 
 def test_argument_errors_without_a_process_group():
