@@ -7,9 +7,11 @@ from __future__ import annotations
 import logging
 import types
 import warnings
+import weakref
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .modules import ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct
 
@@ -155,7 +157,8 @@ def _report(what: str, module: nn.Module, counts: dict) -> None:
                       f"(subclasses of nn.GroupNorm with a forward of their own are left alone)", stacklevel=3)
 
 
-def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_counts: bool = False):
+def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_counts: bool = False,
+                           example_inputs: tuple | None = None):
     """Like :func:`convert_group_norm`, and also fuses each GroupNorm with the activation after it into
     :class:`GroupNormAct` (``act(group_norm(x))`` in one kernel), sharing the parameters:
 
@@ -164,6 +167,12 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
       activation's slot becomes ``nn.Identity`` (indices stay valid);
     * timm's ``GroupNormAct`` / ``GroupNorm1Act`` (activation inside the norm module; kept as is when
       its dropout slot is used or its activation is not one of the above);
+    * with ``example_inputs``, every pair found by running ``module(*example_inputs)`` once: a GroupNorm module
+      whose every output went only into one activation module (above), whatever the block's class (video VAEs'
+      causal 3-D blocks, a shared ``nonlinearity`` module). The norm becomes a :class:`GroupNormAct` and the
+      activation a gate that passes that norm's output through unchanged and applies the activation to any
+      other input (a time embedding). The pairing is what that forward did: a forward whose control flow
+      depends on the input may need another example;
     * with ``blocks=True``, diffusers' ``ResnetBlock2D``: ``norm1 -> nonlinearity`` and (unless
       ``time_embedding_norm="scale_shift"``) ``norm2 -> nonlinearity`` are called from its
       ``forward``, so the block gets a forward that calls the fused norms (:func:`_fuse_blocks`); the
@@ -174,15 +183,118 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
         blocks: fuse the pairs inside diffusers ``ResnetBlock2D`` blocks.
         return_counts: also return ``{"group_norm": n, "group_norm_act": n, "resnet_block2d": n,
             "skipped": n}``.
+        example_inputs: arguments of one forward of ``module`` (run under ``torch.no_grad``) to find the
+            GroupNorm -> activation pairs by what the forward does (module calls and the ops that consume each
+            GroupNorm output).
 
     Returns:
         The converted module, or ``(module, counts)``. GroupNorms without an activation after them
         become :class:`GroupNorm`.
     """
     counts = _new_counts()
+    if example_inputs is not None:
+        _fuse_traced_pairs(module, tuple(example_inputs), counts)
     module = _convert(module, counts, act=True, blocks=blocks)
     _report("convert_group_norm_act", module, counts)
     return (module, counts) if return_counts else module
+
+
+# --- pairs found by running the model -----------------------------------------------------------------
+class _ActivationGate(nn.Module):
+    """An activation module whose paired GroupNorms already applied it: their output passes through unchanged,
+    any other input (a time embedding through the same module) gets the activation."""
+
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        self.act = act
+        self._fused: list[weakref.ref] = []  # outputs of the paired norms not yet seen here
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        for i, ref in enumerate(self._fused):
+            if ref() is input:
+                del self._fused[i]
+                return input
+        self._fused = [r for r in self._fused if r() is not None]
+        return self.act(input)
+
+
+class _GatedGroupNormAct(GroupNormAct):
+    """GroupNormAct that tells its activation gate which tensor it produced (the gate is not a submodule: the
+    state_dict keys stay the norm's own)."""
+
+    def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        out = super().forward(input, residual)
+        self.__dict__["_gate"]._fused.append(weakref.ref(out))
+        return out
+
+
+class _ConsumerMode(TorchFunctionMode):
+    """Records, for every watched tensor (a GroupNorm's output), the ops that take it: (activation module, its
+    function) when the innermost running module is that activation, else "other"."""
+
+    def __init__(self, stack: list):
+        super().__init__()
+        self.stack = stack
+        self.watch: dict[int, tuple[nn.Module, torch.Tensor]] = {}
+        self.consumers: dict[nn.Module, set] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in [*args, *kwargs.values()]:
+            hit = self.watch.get(id(a)) if isinstance(a, torch.Tensor) else None
+            if hit is not None and hit[1] is a:
+                top = self.stack[-1] if self.stack else None
+                first = args[0] is a if args else False
+                ok = top is not None and _activation_name(top) is not None and first
+                self.consumers.setdefault(hit[0], set()).add(top if ok else "other")
+        return func(*args, **kwargs)
+
+
+def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict) -> None:
+    stack: list = []
+    mode = _ConsumerMode(stack)
+    norms = [m for m in module.modules() if _plain_group_norm(m)]
+    acts = [m for m in module.modules() if _activation_name(m) is not None]
+    handles = []
+
+    def push(m, _inputs):
+        stack.append(m)
+
+    def pop(m, _inputs, _output):
+        stack.pop()
+
+    def watch(m, _inputs, output):
+        mode.watch[id(output)] = (m, output)
+        mode.consumers.setdefault(m, set())
+
+    for m in set(norms) | set(acts):
+        handles.append(m.register_forward_pre_hook(push))
+        handles.append(m.register_forward_hook(pop))
+    for m in norms:
+        handles.append(m.register_forward_hook(watch))
+    try:
+        with torch.no_grad(), mode:
+            module(*example_inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    # A norm fuses when every output it produced went into one activation module and nothing else.
+    pairs = {n: next(iter(c)) for n, c in mode.consumers.items() if len(c) == 1 and "other" not in c}
+    if not pairs:
+        return
+    gates = {id(a): _ActivationGate(a) for a in set(pairs.values())}
+    fused = {}
+    for norm, act in pairs.items():
+        new = _from_group_norm(_GatedGroupNormAct, norm, _activation_name(act))
+        new.__dict__["_gate"] = gates[id(act)]
+        fused[id(norm)] = new
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if id(child) in fused:
+                setattr(parent, name, fused[id(child)])
+                counts["group_norm_act"] += 1
+            elif id(child) in gates:
+                setattr(parent, name, gates[id(child)])
 
 
 # --- diffusers ResnetBlock2D ------------------------------------------------------------------------
