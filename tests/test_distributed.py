@@ -4,6 +4,7 @@ shards (one empty), forward and backward against nn.GroupNorm (+activation, +res
 float64; shards that differ across ranks raise on every rank; the module and the converter."""
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
 import traceback
@@ -124,7 +125,8 @@ def _run(rank, world, init, errfile, backend):
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=120))  # a hang fails the test, not CI
         (_nccl_cases if backend == "nccl" else _gloo_cases)(rank, world)
         dist.barrier()
     except BaseException:
@@ -178,3 +180,18 @@ def test_argument_errors_without_a_process_group():
         gd.group_norm(x, 3, activation="swish")
     with pytest.raises(TypeError, match="dtype"):
         gd.group_norm(x.double(), 3)
+
+
+def test_row_parallel_vae_decode_matches_one_process():
+    """scripts/bench/parallel_decode.py --check: a small diffusers AutoencoderKL decoder split by rows over 2 gloo
+    processes (SpatialGroupNorm, halo-row convolutions, gathered attention) decodes what one process decodes."""
+    pytest.importorskip("diffusers")
+    import argparse
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+    import parallel_decode
+
+    r = parallel_decode.run(argparse.Namespace(check=True, size=64, gpus=0, reps=1))
+    assert r["max_abs_diff"] < 1e-4 and r["psnr"] > 100, r
