@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 
@@ -20,22 +19,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-
-def _time(fn, reps):
-    ts = []
-    for _ in range(reps):
-        dist.barrier()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    t = torch.tensor([statistics.median(ts)], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a layer takes as long as its slowest rank
-    return float(t)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import event_ms  # noqa: E402
 
 
 def _worker(rank, world, init, args, q):
@@ -78,7 +63,7 @@ def _worker(rank, world, init, args, q):
                 fn()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-            out[name] = {"ms": _time(fn, args.reps)}
+            out[name] = {"ms": event_ms(fn, args.reps, across_ranks=True)}
             out[name]["peak_extra_MB"] = (torch.cuda.max_memory_allocated() - base) / 1e6
         got = variants["gnext distributed"]()
         parts = [torch.empty(N, C, r, W, device="cuda", dtype=dtype) for r in rows]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import tempfile
 
@@ -28,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import event_ms  # noqa: E402
 
 
 def halo_exchange(x: torch.Tensor, rows: int, group=None) -> torch.Tensor:
@@ -140,38 +141,14 @@ def _worker(rank, world, init, args, q):
             rng = (ref.float().max() - ref.float().min()).item()
             res.update(max_abs_diff=diff, psnr=10 * math.log10(rng ** 2 / mse) if mse > 0 else float("inf"))
         if not args.check:
-            def timed(fn):
-                ts = []
-                for _ in range(args.reps):
-                    dist.barrier()
-                    torch.cuda.synchronize()
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    fn()
-                    b.record()
-                    torch.cuda.synchronize()
-                    ts.append(a.elapsed_time(b))
-                t = torch.tensor([statistics.median(ts)], device=device)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                return float(t)
-
             torch.cuda.reset_peak_memory_stats()
-            res["split_ms"] = timed(lambda: par(mine))
+            res["split_ms"] = event_ms(lambda: par(mine), args.reps, across_ranks=True)
             res["split_peak_GB"] = torch.cuda.max_memory_allocated() / 1e9
             if rank == 0:
                 del par
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-                ts = []
-                for _ in range(args.reps):
-                    torch.cuda.synchronize()
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    single(z)
-                    b.record()
-                    torch.cuda.synchronize()
-                    ts.append(a.elapsed_time(b))
-                res["single_ms"] = statistics.median(ts)
+                res["single_ms"] = event_ms(lambda: single(z), args.reps)
                 res["single_peak_GB"] = torch.cuda.max_memory_allocated() / 1e9
                 res["device"] = torch.cuda.get_device_name()
     if rank == 0:

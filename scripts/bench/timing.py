@@ -113,3 +113,27 @@ def cuda_graph(fn, n=1):
         for _ in range(n):
             fn()
     return g
+
+
+def event_ms(fn, reps: int, across_ranks: bool = False) -> float:
+    """Median CUDA-event time of fn in ms over reps calls. across_ranks: a barrier before each call and the
+    slowest rank's median (all ranks of the default process group call it): a layer of a split model takes as
+    long as its slowest rank."""
+    import torch.distributed as dist
+
+    ts = []
+    for _ in range(reps):
+        if across_ranks:
+            dist.barrier()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    if not across_ranks:
+        return statistics.median(ts)
+    m = torch.tensor([statistics.median(ts)], device="cuda")
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    return float(m)
