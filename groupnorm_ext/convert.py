@@ -196,6 +196,11 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
         _fuse_traced_pairs(module, tuple(example_inputs), counts)
     module = _convert(module, counts, act=True, blocks=blocks)
     _report("convert_group_norm_act", module, counts)
+    if counts["group_norm_act"] == 0 and counts["group_norm"] > 0 and example_inputs is None and any(
+            _activation_name(m) is not None or isinstance(m, _ActivationGate) for m in module.modules()):
+        warnings.warn(f"gnext convert_group_norm_act: {counts['group_norm']} GroupNorm(s) converted, none fused with "
+                      "an activation: the model's blocks have no rule here; pass example_inputs=(...) to find the "
+                      "GroupNorm -> activation pairs by running it once", stacklevel=2)
     return (module, counts) if return_counts else module
 
 

@@ -104,3 +104,11 @@ def test_diffusers_hunyuan_video_decoder_pairs():
     assert counts["group_norm_act"] >= n_gn - 2, (counts, n_gn)  # all but the mid-block attention's norms
     with torch.no_grad():
         torch.testing.assert_close(dec(z), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_warns_when_nothing_is_fused_without_example_inputs():
+    """A block the converter has no rule for: the GroupNorms convert, none fuses, and the warning names the fix."""
+    block = CausalBlock3D()
+    with pytest.warns(UserWarning, match="example_inputs"):
+        _, counts = ge.convert_group_norm_act(block, return_counts=True)
+    assert counts["group_norm_act"] == 0 and counts["group_norm"] == 3
