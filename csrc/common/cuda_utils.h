@@ -12,6 +12,8 @@
 
 #include <array>
 #include <atomic>
+#include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <mutex>
@@ -193,6 +195,13 @@ inline Counters zeroed_counters(const Tensor& like, int64_t n, cudaStream_t stre
 // (during capture: from the graph's pool, as any temporary of a captured op). This saves an
 // allocation per scratch array per call (~3-8 us of host time each on the H100 machine).
 constexpr int64_t kScratchCacheFloats = int64_t(1) << 22;  // 16 MiB
+// Every non-null pointer 16-byte aligned (the kernels' vector accesses).
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
 inline int64_t scratch_slice_floats(int64_t n) { return (n + 3) / 4 * 4; }  // 16-byte aligned slices
 struct Scratch {
   float* ptr = nullptr;

@@ -64,12 +64,6 @@ Counters onepass_counters(const OnePassGeometry& g, const Tensor& like, cudaStre
   return g.T == 1 ? Counters{} : zeroed_counters(like, g.units, stream);
 }
 
-bool aligned16(std::initializer_list<const void*> ptrs) {
-  for (const void* p : ptrs)
-    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
-
 // Kernel arguments of the pointwise extension. residual: in the layout of the kernels' x (or
 // undefined); rstd, gamma, beta: for the epilogue's backward.
 gn::PwArgs pw_args(const Pointwise& pro, const Tensor& residual, const float* rstd, const OptTensor& gamma,

@@ -61,7 +61,6 @@ enum class Kernel : int { kSmall, kOnePass, kWide, kWideNhwc, kTwoPass };
 struct Plan {
   Kernel kernel = Kernel::kTwoPass;
   bool nhwc = false;  // the kernels' layout
-  int vec = 1;        // elements per access of the two-pass kernels
   SmallGeometry small{};
   OnePassGeometry onepass{};
   WideGeometry wide{};
@@ -503,84 +502,83 @@ inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, const Re
 // ---------------------------------------------------------------------------------------------------------------
 // The plans.
 
-inline Plan two_pass_plan(const Problem& p, const Request& r, bool nhwc, bool bwd, const Device& d, const Tuning& t,
-                          const char* why) {
-  Plan plan;
+// The two-pass geometry (reduction, and the elementwise pass where one runs) of a plan whose layout is set.
+inline Plan two_pass(Plan plan, const Problem& p, const Request& r, bool bwd, const Device& d, const Tuning& t) {
   plan.kernel = Kernel::kTwoPass;
-  plan.nhwc = nhwc;
-  plan.vec = vector_width(r.esize, nhwc ? p.C : p.HxW, r.aligned);
-  plan.reduce = reduce_geometry(p, nhwc, plan.vec, bwd ? kGradStateBytes : kMomentsStateBytes, bwd, d, t);
-  if (!bwd || r.need_dx) plan.affine = affine_geometry(p, nhwc, plan.vec, bwd, r.act != kActIdentity, d, t);
-  plan.why = why;
+  const int V = vector_width(r.esize, plan.nhwc ? p.C : p.HxW, r.aligned);
+  plan.reduce = reduce_geometry(p, plan.nhwc, V, bwd ? kGradStateBytes : kMomentsStateBytes, bwd, d, t);
+  if (!bwd || r.need_dx) plan.affine = affine_geometry(p, plan.nhwc, V, bwd, r.act != kActIdentity, d, t);
   return plan;
 }
 
 inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, const Tuning& t) {
-  bool nhwc = use_nhwc(p, r, kMomentsStateBytes, d, t);
+  Plan plan;
+  plan.nhwc = use_nhwc(p, r, kMomentsStateBytes, d, t);
+  const auto small = small_geometry(p, r, false, d, t);
   // HxW == 1 in NCHW memory: the small-group kernel is one launch where the NHWC kernels take three.
-  if (nhwc && p.HxW == 1 && r.contiguous && small_geometry(p, r, false, d, t)) nhwc = false;
-  Plan plan = two_pass_plan(p, r, nhwc, false, d, t, "two-pass: no persistent plan fits or pays");
-  if (!nhwc)
-    if (const auto g = small_geometry(p, r, false, d, t)) {
-      plan.kernel = Kernel::kSmall, plan.small = *g, plan.why = "small-group: >= 64 groups of <= 4 KB, in registers";
-      return plan;
-    }
-  if (onepass_allows(r, nhwc))
-    if (const auto g = onepass_geometry(p, r, false, nhwc, d, t)) {
+  if (plan.nhwc && p.HxW == 1 && r.contiguous && small) plan.nhwc = false;
+  if (!plan.nhwc && small) {
+    plan.kernel = Kernel::kSmall, plan.small = *small, plan.why = "small-group: >= 64 groups of <= 4 KB, in registers";
+    return plan;
+  }
+  if (onepass_allows(r, plan.nhwc))
+    if (const auto g = onepass_geometry(p, r, false, plan.nhwc, d, t)) {
       plan.kernel = Kernel::kOnePass, plan.onepass = *g;
       plan.why = g->T == 1 ? "one-pass: every group is one tile in one CTA's shared memory"
                            : "one-pass: groups of T tiles held in shared memory across the grid";
       return plan;
     }
-  if (!nhwc)
+  if (!plan.nhwc)
     if (const auto g = wide_geometry(p, r, r.act != kActIdentity || r.residual, false, d, t)) {
       plan.kernel = Kernel::kWide, plan.wide = *g;
       plan.why = "wide: groups >= 16 MiB, each CTA a slice held in shared memory + L2, persistent kernels pay";
       return plan;
     }
-  if (nhwc)
+  if (plan.nhwc)
     if (const auto g = wide_nhwc_geometry(p, r, d, t)) {
       plan.kernel = Kernel::kWideNhwc, plan.wide = *g;
       plan.why = "wide channels_last: one image >= 8 MiB held in shared memory + L2";
       return plan;
     }
-  if (!nhwc && !persistent_kernels_pay(d.peak_gbs))
-    plan.why = "two-pass: peak bandwidth >= 3.8 TB/s, the persistent kernels' bytes in flight do not keep up";
-  return plan;
+  plan.why = !plan.nhwc && !persistent_kernels_pay(d.peak_gbs)
+                 ? "two-pass: peak bandwidth >= 3.8 TB/s, the persistent kernels' bytes in flight do not keep up"
+                 : "two-pass: no persistent plan fits or pays";
+  return two_pass(plan, p, r, false, d, t);
 }
 
 inline Plan plan_backward(const Problem& p, const Request& r, const Device& d, const Tuning& t) {
+  Plan plan;
   if (r.flat)
     if (const auto g = small_geometry(p, r, true, d, t)) {
-      Plan plan;
-      plan.kernel = Kernel::kSmall, plan.small = *g, plan.vec = g->vec;
+      plan.kernel = Kernel::kSmall, plan.small = *g;
       plan.why = "small-group: >= 64 groups of <= 4 KB, x and dy in registers";
       return plan;
     }
-  const bool nhwc = use_nhwc(p, r, kGradStateBytes, d, t);
-  Plan plan = two_pass_plan(p, r, nhwc, true, d, t, "two-pass: no persistent plan fits or pays");
-  if (r.need_dx && onepass_allows(r, nhwc))
-    if (const auto g = onepass_geometry(p, r, true, nhwc, d, t)) {
+  plan.nhwc = use_nhwc(p, r, kGradStateBytes, d, t);
+  if (r.need_dx && onepass_allows(r, plan.nhwc))
+    if (const auto g = onepass_geometry(p, r, true, plan.nhwc, d, t)) {
       plan.kernel = Kernel::kOnePass, plan.onepass = *g;
       plan.why = g->T == 1 ? "one-pass: x and dy of every group as one tile in shared memory"
                            : "one-pass: groups of T tiles of x and dy held across the grid";
       return plan;
     }
-  if (!nhwc && r.need_dx)
+  if (!plan.nhwc && r.need_dx)
     if (const auto g = wide_geometry(p, r, r.act != kActIdentity, true, d, t)) {
       plan.kernel = Kernel::kWide, plan.wide = *g;
       plan.why = "wide: x + dy of a group >= 24 MiB (48 with an activation), slices in shared memory + L2";
       return plan;
     }
-  return plan;
+  plan.why = "two-pass: no persistent plan fits or pays";
+  return two_pass(plan, p, r, true, d, t);
 }
 
 // The statistics alone (mean, rstd): the two-pass reduction.
 inline Plan plan_stats(const Problem& p, const Request& r, const Device& d, const Tuning& t) {
-  Request q = r;
-  q.need_dx = false;
-  Plan plan = two_pass_plan(p, q, use_nhwc(p, r, kMomentsStateBytes, d, t), false, d, t, "statistics: reduction");
-  plan.affine = {};
+  Plan plan;
+  plan.nhwc = use_nhwc(p, r, kMomentsStateBytes, d, t);
+  plan.why = "statistics: reduction";
+  plan = two_pass(plan, p, r, false, d, t);
+  plan.affine = {};  // no elementwise pass
   return plan;
 }
 

@@ -30,9 +30,7 @@ LseArgs make_args(const char* op, int phase, const Tensor& x, const Problem& s, 
   const bool channels_inner = !x.is_contiguous() || s.HxW == 1;
   a.sC = channels_inner ? 1 : s.HxW;
   a.sP = channels_inner ? s.C : 1;
-  bool lanes = channels_inner && s.C % lse::kLanesCpt == 0 && s.C <= 32 * lse::kLanesCpt;
-  for (const void* p : ptrs)
-    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) lanes = false;
+  const bool lanes = channels_inner && s.C % lse::kLanesCpt == 0 && s.C <= 32 * lse::kLanesCpt && aligned16(ptrs);
   a.tpp = 0;
   if (lanes) {
     a.tpp = 1;
