@@ -217,7 +217,8 @@ def _group_norm(op, input, num_groups, weight, bias, eps):
         out, mu, r = torch.ops.aten.native_group_norm(input, wf, bf, N, C, HxW, G, eps)
         if _shift(mu, r) <= (_ATEN_MAX_SHIFT_CL if cl else _ATEN_MAX_SHIFT):
             return out.contiguous(memory_format=fmt), mu.float(), r.float()
-    _, mu, r = torch.ops.aten.native_group_norm(_aten_input(input), w, b, N, C, HxW, G, eps)
+    if cl or not input.is_contiguous():  # statistics from the NCHW kernel (Welford; its CL one is not)
+        _, mu, r = torch.ops.aten.native_group_norm(_aten_input(input), w, b, N, C, HxW, G, eps)
     mu, r = mu.float(), r.float()
     scale = r.repeat_interleave(D, 1)  # (N, C)
     if weight is not None:
