@@ -103,19 +103,24 @@ def _merged_stats(x, num_groups, eps, group):
     return mu.float(), rstd.float(), n
 
 
+def _xhat(x, mean, rstd, num_groups):
+    """(x - mean) * rstd of the shard, float32, (N, C, L)."""
+    N, C = x.shape[:2]
+    return ((x.float().reshape(N, num_groups, -1) - mean[..., None]) * rstd[..., None]).reshape(N, C, -1)
+
+
+def _affine(xhat, weight, bias):
+    """xhat * weight[c] + bias[c] (either may be None), float32."""
+    y = xhat * weight.float()[None, :, None] if weight is not None else xhat
+    return y + bias.float()[None, :, None] if bias is not None else y
+
+
 class _SpatialGroupNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x, weight, bias, residual, num_groups, eps, activation, group):
         N, C = x.shape[:2]
         mean, rstd, n = _merged_stats(x, num_groups, eps, group)
-        xf = x.float().reshape(N, num_groups, -1)
-        xhat = ((xf - mean[..., None]) * rstd[..., None]).reshape(N, C, -1)
-        y = xhat
-        if weight is not None:
-            y = y * weight.float()[None, :, None]
-        if bias is not None:
-            y = y + bias.float()[None, :, None]
-        out = _cpu.apply_act(y, activation)
+        out = _cpu.apply_act(_affine(_xhat(x, mean, rstd, num_groups), weight, bias), activation)
         if residual is not None:
             out = out + residual.float().reshape(N, C, -1)
         ctx.save_for_backward(x, weight, bias, mean, rstd)
@@ -129,15 +134,10 @@ class _SpatialGroupNorm(torch.autograd.Function):
         N, C = x.shape[:2]
         need_x, need_w, need_b, need_r = ctx.needs_input_grad[:4]
         dres = dout if need_r else None
-        xhat = ((x.float().reshape(N, G, -1) - mean[..., None]) * rstd[..., None]).reshape(N, C, -1)
+        xhat = _xhat(x, mean, rstd, G)
         g = dout.float().reshape(N, C, -1)
         if act != "identity":
-            y = xhat
-            if weight is not None:
-                y = y * weight.float()[None, :, None]
-            if bias is not None:
-                y = y + bias.float()[None, :, None]
-            g = _cpu.act_backward(g, y, act)
+            g = _cpu.act_backward(g, _affine(xhat, weight, bias), act)
         dg = g.sum(-1)  # (N, C): dbias partial
         dgx = (g * xhat).sum(-1)  # dweight partial
         gw = g * weight.float()[None, :, None] if weight is not None else g
