@@ -107,9 +107,9 @@ def _timm_group_norm_act(m: nn.Module):
     return "identity" if type(act) is nn.Identity else _activation_name(act)
 
 
-def _from_group_norm(cls, m, *extra) -> nn.GroupNorm:
-    """cls (GroupNorm or GroupNormAct) sharing m's parameters, in m's training mode."""
-    new = cls(m.num_groups, m.num_channels, m.eps, m.affine, *extra, device="meta")
+def _from_group_norm(cls, m, *extra, **kwargs) -> nn.GroupNorm:
+    """cls (a GroupNorm subclass taking nn.GroupNorm's arguments) sharing m's parameters, in m's training mode."""
+    new = cls(m.num_groups, m.num_channels, m.eps, m.affine, *extra, device="meta", **kwargs)
     if m.affine:
         new.weight, new.bias = m.weight, m.bias
     new.train(m.training)

@@ -213,22 +213,20 @@ class SpatialGroupNorm(nn.GroupNorm):
 
 
 def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None) -> nn.Module:
-    """Swaps every ``nn.GroupNorm`` (its plain subclasses, and gnext's ``GroupNorm`` / ``GroupNormAct``, whose
-    activation it keeps) of ``module`` for :class:`SpatialGroupNorm` sharing its parameters; returns the module
-    (or its replacement if it is itself a GroupNorm). ``state_dict`` keys are unchanged."""
-    from .modules import GroupNormAct
+    """Swaps every ``nn.GroupNorm`` (its subclasses that keep its forward, timm's GroupNorm, and gnext's
+    ``GroupNorm`` / ``GroupNormAct``, whose activation it keeps) of ``module`` for :class:`SpatialGroupNorm`
+    sharing its parameters; returns the module (or its replacement if it is itself a GroupNorm). ``state_dict``
+    keys are unchanged."""
+    from .convert import _from_group_norm, _GatedGroupNormAct, _plain_group_norm
+    from .modules import GroupNorm, GroupNormAct
 
     def swap(m):
-        if isinstance(m, SpatialGroupNorm) or not isinstance(m, nn.GroupNorm):
+        if not (_plain_group_norm(m) or isinstance(m, (GroupNorm, GroupNormAct))) or isinstance(m, SpatialGroupNorm):
             return None
-        if type(m).forward not in (nn.GroupNorm.forward,) and type(m).__module__ != "groupnorm_ext.modules":
-            return None
-        new = SpatialGroupNorm(m.num_groups, m.num_channels, m.eps, m.affine,
-                               activation=m.activation if isinstance(m, GroupNormAct) else "identity", dim=dim,
-                               group=group)
-        new.weight, new.bias = m.weight, m.bias
-        new.train(m.training)
-        return new
+        # A norm fused by convert_group_norm_act(example_inputs=...) leaves its activation to its gate, which
+        # applies it to any tensor the norm did not announce.
+        act = m.activation if isinstance(m, GroupNormAct) and not isinstance(m, _GatedGroupNormAct) else "identity"
+        return _from_group_norm(SpatialGroupNorm, m, activation=act, dim=dim, group=group)
 
     top = swap(module)
     if top is not None:

@@ -112,3 +112,21 @@ def test_warns_when_nothing_is_fused_without_example_inputs():
     with pytest.warns(UserWarning, match="example_inputs"):
         _, counts = ge.convert_group_norm_act(block, return_counts=True)
     assert counts["group_norm_act"] == 0 and counts["group_norm"] == 3
+
+
+def test_spatial_conversion_of_traced_pairs_keeps_one_activation():
+    """convert_group_norm_spatial after convert_group_norm_act(example_inputs=...): every norm becomes a
+    SpatialGroupNorm; a gated one without its activation (its gate still applies it), a plain GroupNormAct with."""
+    from groupnorm_ext import distributed as gd
+
+    torch.manual_seed(2)
+    block = CausalBlock3D()
+    x, t = torch.randn(1, 32, 3, 8, 8), torch.randn(1, 16)
+    ge.convert_group_norm_act(block, example_inputs=(x, t))
+    seq = ge.convert_group_norm_act(nn.Sequential(nn.GroupNorm(4, 8), nn.SiLU()))
+    gd.convert_group_norm_spatial(block)
+    gd.convert_group_norm_spatial(seq)
+    assert [type(m) for m in (block.norm1, block.norm2, block.norm3)] == [gd.SpatialGroupNorm] * 3
+    assert block.norm1.activation == block.norm2.activation == "identity"
+    assert isinstance(block.nonlinearity, _ActivationGate) and block.norm1.weight.device.type == "cpu"
+    assert type(seq[0]) is gd.SpatialGroupNorm and seq[0].activation == "silu"
