@@ -34,6 +34,22 @@ STABLE_TORCH_LIBRARY(gnext, m) {
   m.def(
       "group_norm_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " Tensor? bias, int num_groups, str activation, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
+  // GroupNorm statistics alone: mean and rstd = 1/sqrt(var + eps) per (n, g), (N, G) float32.
+  m.def("group_norm_stats(Tensor input, int num_groups, float eps) -> (Tensor mean, Tensor rstd)");
+  // The normalize pass from given statistics (mean, rstd (N, G) float32, e.g. merged across the ranks holding
+  // shards of one tensor): out = act((input - mean) * rstd * weight + bias) + residual.
+  m.def(
+      "group_norm_act_apply(Tensor input, Tensor mean, Tensor rstd, int num_groups, Tensor? weight, Tensor? bias,"
+      " str activation, Tensor? residual) -> Tensor");
+  // Its backward in two passes around the caller's merge: the per-channel sums (N, C, 2) float32
+  // (sum dy'*(input - mean), sum dy'), dy' = grad_out * act'; then grad_input from group_sums (N, G, 2) float32,
+  // the group means of weight*dy'*(input - mean) and weight*dy' over the whole tensor.
+  m.def(
+      "group_norm_act_apply_backward_sums(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
+      " Tensor? bias, int num_groups, str activation) -> Tensor");
+  m.def(
+      "group_norm_act_apply_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
+      " Tensor? bias, Tensor group_sums, int num_groups, str activation) -> Tensor");
   // out = logsumexp over dim 1 (keepdim) of [residual ? v : 0] + act(GroupNorm(v)), v = input + input_bias[c]
   // (KernelBench L2#92 after its conv); out is (N, 1, *) of input's dtype, mean/rstd (N, G) float32 of v.
   m.def(

@@ -140,7 +140,9 @@ class _NotDifferentiable(torch.autograd.Function):
         raise RuntimeError(f"derivative for gnext::{ctx.name} is not implemented")
 
 
-def _register_not_differentiable(op_name):
+def register_not_differentiable(op_name):
+    """An Autograd kernel for gnext::<op_name> whose outputs' backward raises (ops whose gradient is another
+    op's business: the backward ops, the pieces of the split GroupNorm)."""
     op = getattr(torch.ops.gnext, op_name).default
     below = torch._C._after_autograd_keyset
 
@@ -160,5 +162,5 @@ def register(op_name, save, grads) -> None:
     """Autograd for gnext::<op_name> from its save/grads pair (ops/<op>.py), its backward op marked not
     differentiable, and the functional API's eager entry."""
     _register(op_name, save, grads)
-    _register_not_differentiable(f"{op_name}_backward")
+    register_not_differentiable(f"{op_name}_backward")
     eager[op_name] = _eager(op_name, save, grads)

@@ -78,15 +78,20 @@ def check_group_norm_args(op, input, num_groups, weight, bias):
 
 def check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups):
     s = check_group_norm_args(op, input, num_groups, weight, None)
-    N, G = s[0], s[2]
     _check(grad_out.shape == input.shape,
            lambda: f"{op}: grad_out.shape={_shape(grad_out)} must equal input.shape={_shape(input)}")
     _check_like_input(op, "grad_out", grad_out, input)
+    check_stats_args(op, s, input, mean, rstd)
+    return s
+
+
+def check_stats_args(op, s, input, mean, rstd):
+    """mean / rstd: float32 with N*G elements on input's device."""
+    N, G = s[0], s[2]
     for t, name in ((mean, "mean"), (rstd, "rstd")):
         _check(t.dtype == torch.float32, lambda: f"{op}: {name} must be float32, got {_dt(t)}")
         _check(t.numel() == N * G, lambda: f"{op}: {name} must have N*G={N * G} elements, got shape {_shape(t)}")
         _check(t.device == input.device, lambda: f"{op}: {name} is on {t.device} but input is on {input.device}")
-    return s
 
 
 def check_residual(op, input, residual):

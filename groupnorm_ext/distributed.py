@@ -9,9 +9,9 @@ KB, not the activation), Chan's merge in float64 (exact for uneven shards), then
 sum dy'*xhat, dy' = dy*act'*gamma) together with the per-channel dweight/dbias partials. The result equals
 nn.GroupNorm (+activation) of the gathered tensor (Wu & He 2018), forward and backward.
 
-The normalize and backward passes here are PyTorch ops on the shard (float32 math); the per-shard statistics
-come from gnext's GroupNorm kernels. A fused pass that also writes the partials is the next step
-(docs/api.md, "GroupNorm across GPUs")."""
+The passes over the shard are gnext's two-pass kernels, split at the statistics into ops of their own
+(torch.ops.gnext.group_norm_stats, group_norm_act_apply and its two backward pieces): the data is read and
+written as often as by the single-GPU two-pass plan, and only the statistics cross the ranks."""
 from __future__ import annotations
 
 from typing import Any
@@ -21,7 +21,6 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
-from . import _cpu
 from ._library import ACTIVATIONS, ops
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -32,10 +31,14 @@ def _world(group) -> int:
     return dist.get_world_size(group)
 
 
+# all_gather_tensor was renamed all_gather_single (torch 2.14 warns on the old name; 2.11 has only that).
+_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+
 def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
     """(world, *t.shape): every rank's t, through torch.distributed's functional collectives (traceable)."""
     pg: Any = group if group is not None else dist.group.WORLD
-    out = funcol.all_gather_tensor(t.contiguous().view(1, -1), 0, pg)
+    out = _gather_single(t.contiguous().view(1, -1), 0, pg)
     return funcol.wait_tensor(out).view(_world(group), *t.shape)
 
 
@@ -63,9 +66,10 @@ def _check_args(x, num_groups, weight, bias, activation, residual, dim):
     if activation not in ACTIVATIONS:
         raise ValueError(f"distributed.group_norm: activation must be one of {', '.join(ACTIVATIONS)}, got "
                          f"{activation!r}")
-    if residual is not None and (residual.shape != x.shape or residual.device != x.device):
-        raise ValueError(f"distributed.group_norm: residual must have input's shape {tuple(x.shape)} on {x.device}, got "
-                         f"{tuple(residual.shape)} on {residual.device}")
+    if residual is not None and (residual.shape != x.shape or residual.device != x.device or
+                                 residual.dtype != x.dtype):
+        raise ValueError(f"distributed.group_norm: residual must have input's shape {tuple(x.shape)}, dtype {x.dtype} "
+                         f"and device {x.device}, got {tuple(residual.shape)} {residual.dtype} on {residual.device}")
 
 
 def _check_shards(x, num_groups, dim, group):
@@ -83,13 +87,13 @@ def _check_shards(x, num_groups, dim, group):
 
 
 def _merged_stats(x, num_groups, eps, group):
-    """Global mean and rstd (N, G) float32 by Chan's merge of every rank's (count, mean, M2)."""
+    """Global mean and rstd (N, G) float32 by Chan's merge of every rank's (count, mean, M2), and the global
+    count per group (N, G) float64."""
     N = x.shape[0]
     count = x.numel() // (N * num_groups)
     if count > 0:
-        # gnext's kernels with eps = 0: mean and 1/sqrt(var) of the shard (var = 1/rstd^2; a constant group gives
-        # rstd = inf, var = 0). The normalized output is not used.
-        _, mean, rstd = ops.group_norm(x, num_groups, None, None, 0.0)
+        # eps = 0: rstd = 1/sqrt(var) of the shard, so var = 1/rstd^2 (a constant group: rstd = inf, var = 0).
+        mean, rstd = ops.group_norm_stats(x, num_groups, 0.0)
         var = rstd.double().pow(-2)
         mean = mean.double()
     else:
@@ -103,60 +107,36 @@ def _merged_stats(x, num_groups, eps, group):
     return mu.float(), rstd.float(), n
 
 
-def _xhat(x, mean, rstd, num_groups):
-    """(x - mean) * rstd of the shard, float32, (N, C, L)."""
-    N, C = x.shape[:2]
-    return ((x.float().reshape(N, num_groups, -1) - mean[..., None]) * rstd[..., None]).reshape(N, C, -1)
-
-
-def _affine(xhat, weight, bias):
-    """xhat * weight[c] + bias[c] (either may be None), float32."""
-    y = xhat * weight.float()[None, :, None] if weight is not None else xhat
-    return y + bias.float()[None, :, None] if bias is not None else y
-
-
 class _SpatialGroupNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x, weight, bias, residual, num_groups, eps, activation, group):
-        N, C = x.shape[:2]
         mean, rstd, n = _merged_stats(x, num_groups, eps, group)
-        out = _cpu.apply_act(_affine(_xhat(x, mean, rstd, num_groups), weight, bias), activation)
-        if residual is not None:
-            out = out + residual.float().reshape(N, C, -1)
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
-        ctx.num_groups, ctx.activation, ctx.group, ctx.n = num_groups, activation, group, n
-        return out.reshape(x.shape).to(x.dtype)
+        out = ops.group_norm_act_apply(x, mean, rstd, num_groups, weight, bias, activation, residual)
+        ctx.save_for_backward(x, weight, bias, mean, rstd, n)
+        ctx.num_groups, ctx.activation, ctx.group = num_groups, activation, group
+        return out
 
     @staticmethod
     def backward(ctx: Any, dout):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
+        x, weight, bias, mean, rstd, n = ctx.saved_tensors
         G, act, group = ctx.num_groups, ctx.activation, ctx.group
         N, C = x.shape[:2]
         need_x, need_w, need_b, need_r = ctx.needs_input_grad[:4]
         dres = dout if need_r else None
-        xhat = _xhat(x, mean, rstd, G)
-        g = dout.float().reshape(N, C, -1)
-        if act != "identity":
-            g = _cpu.act_backward(g, _affine(xhat, weight, bias), act)
-        dg = g.sum(-1)  # (N, C): dbias partial
-        dgx = (g * xhat).sum(-1)  # dweight partial
-        gw = g * weight.float()[None, :, None] if weight is not None else g
-        wf = weight.float() if weight is not None else torch.ones(C, device=x.device)
-        s1 = (dg * wf).reshape(N, G, -1).sum(-1)  # sum of dy' over the group's shard
-        s2 = (dgx * wf).reshape(N, G, -1).sum(-1)  # sum of dy' * xhat
-        # One all-reduce: the group sums dx needs and the per-channel parameter partials.
-        buf = torch.cat([s1.flatten(), s2.flatten(), dgx.sum(0), dg.sum(0)]).double()
-        buf = _all_reduce_sum(buf, group)
-        s1, s2, dw, db = buf.split([N * G, N * G, C, C])
+        # Per channel of this shard: (sum dy' (x - mean), sum dy'), dy' the gradient at the GroupNorm's output;
+        # summed over the ranks (one all-reduce of N*C*2 float32) they hold everything the gradients need.
+        dsum = ops.group_norm_act_apply_backward_sums(dout, x, mean, rstd, weight, bias, G, act)
+        dsum = _all_reduce_sum(dsum, group)
         dx = None
         if need_x:
-            n = ctx.n.to(buf.dtype)
-            c1 = (s1.view(N, G) / n).float()[..., None]
-            c2 = (s2.view(N, G) / n).float()[..., None]
-            d = gw.reshape(N, G, -1) - c1 - xhat.reshape(N, G, -1) * c2
-            dx = (d * rstd[..., None]).reshape(x.shape).to(x.dtype)
-        dweight = dw.to(weight.dtype) if need_w and weight is not None else None
-        dbias = db.to(bias.dtype) if need_b and bias is not None else None
+            wsum = dsum * weight.float().view(1, C, 1) if weight is not None else dsum
+            gsum = (wsum.view(N, G, C // G, 2).sum(2).double() / n[..., None]).float()
+            dx = ops.group_norm_act_apply_backward(dout, x, mean, rstd, weight, bias, gsum, G, act)
+        dweight = dbias = None
+        if need_w and weight is not None:
+            dweight = (dsum[..., 0] * rstd.repeat_interleave(C // G, 1)).sum(0).to(weight.dtype)
+        if need_b and bias is not None:
+            dbias = dsum[..., 1].sum(0).to(bias.dtype)
         return dx, dweight, dbias, dres, None, None, None, None
 
 
@@ -176,7 +156,7 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None
     averaged across that group as usual (averaging the identical values of one spatial group changes nothing).
 
     Communication per call: forward, one all-gather of N*G*3 float64 (and, with ``check``, one of 14 int64);
-    backward, one all-reduce of N*G*2 + C*2 float64. ``check=True`` (eager default) compares the shards' N, C,
+    backward, one all-reduce of N*C*2 float32. The residual must have the input's dtype. ``check=True`` (eager default) compares the shards' N, C,
     num_groups, dtype, ndim and non-split sizes across ranks on the host first: one host synchronization.
     Pass ``check=False`` under CUDA graphs or when the shapes are known to agree.
 

@@ -195,5 +195,6 @@ def test_row_parallel_vae_decode_matches_one_process():
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench"))
     import parallel_decode
 
-    r = parallel_decode.run(argparse.Namespace(check=True, size=64, gpus=0, reps=1))
-    assert r["max_abs_diff"] < 1e-4 and r["psnr"] > 100, r
+    r = parallel_decode.run(argparse.Namespace(check=True, size=64, gpus=0, rounds=1))
+    assert r["gnext_max_abs_diff"] < 1e-4 and r["gnext_psnr_dB"] > 100, r
+    assert r["allgather_max_abs_diff"] < 1e-4, r

@@ -64,6 +64,19 @@ inline ScalarType param_grad_dtype(const Tensor& input, const OptTensor& weight)
   return defined(weight) ? weight->scalar_type() : input.scalar_type();
 }
 
+// mean / rstd: float32 with N*G elements on input's device.
+inline void check_stats_args(const char* op, const Problem& s, const Tensor& input, const Tensor& mean,
+                             const Tensor& rstd) {
+  const std::pair<const Tensor*, const char*> stats[] = {{&mean, "mean"}, {&rstd, "rstd"}};
+  for (const auto& [t, name] : stats) {
+    GNEXT_CHECK(t->scalar_type() == ScalarType::Float, op, ": ", name, " must be float32, got ", t->scalar_type());
+    GNEXT_CHECK(t->numel() == s.N * s.G, op, ": ", name, " must have N*G=", s.N * s.G, " elements, got shape ",
+                shape(*t));
+    GNEXT_CHECK(same_device(*t, input), op, ": ", name, " is on ", device_name(*t), " but input is on ",
+                device_name(input));
+  }
+}
+
 // Checks every argument of the backward op and returns the problem sizes.
 inline Problem check_group_norm_backward_args(const char* op, const Tensor& grad_out, const Tensor& input,
                                               const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
@@ -75,14 +88,7 @@ inline Problem check_group_norm_backward_args(const char* op, const Tensor& grad
               ") must equal input dtype (", input.scalar_type(), ")");
   GNEXT_CHECK(same_device(grad_out, input), op, ": grad_out is on ", device_name(grad_out), " but input is on ",
               device_name(input));
-  const std::pair<const Tensor*, const char*> stats[] = {{&mean, "mean"}, {&rstd, "rstd"}};
-  for (const auto& [t, name] : stats) {
-    GNEXT_CHECK(t->scalar_type() == ScalarType::Float, op, ": ", name, " must be float32, got ", t->scalar_type());
-    GNEXT_CHECK(t->numel() == s.N * s.G, op, ": ", name, " must have N*G=", s.N * s.G, " elements, got shape ",
-                shape(*t));
-    GNEXT_CHECK(same_device(*t, input), op, ": ", name, " is on ", device_name(*t), " but input is on ",
-                device_name(input));
-  }
+  check_stats_args(op, s, input, mean, rstd);
   return s;
 }
 
@@ -173,6 +179,22 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
 //  * the backward finalize from per-channel partials (sum dy*(x - mean), sum dy), float2 at
 //    partial[(n*K + k)*C + c]: writes dgamma / dbeta (those given, of one dtype) and returns, if
 //    want_coef, coef (N, C, 4) = (mean, c2, rstd*gamma, c3) with dx = rstd*gamma*dy + c2*(x - mean) + c3.
+// The two-pass GroupNorm split at its statistics, for statistics merged across ranks between the passes
+// (groupnorm_ext.distributed; group_norm_cuda.cpp):
+//  * apply: out = act((x - mean) * rstd * gamma + beta) + residual from the given mean / rstd (N, G) float32;
+//  * backward sums: (N, C, 2) float32 (sum dy'*(x - mean), sum dy') per channel of this tensor, dy' = dL/dout *
+//    act'(.), the gradient at the GroupNorm's output;
+//  * backward apply: dx from group_sums (N, G, 2) float32, the group means over the whole tensor of
+//    gamma*dy'*(x - mean) and gamma*dy': dx = rstd*gamma*dy' - rstd^3 (x - mean) gs.x - rstd gs.y.
+Tensor group_norm_apply_cuda_pre(const char* op, const Tensor& input, const Tensor& mean, const Tensor& rstd,
+                                 int64_t num_groups, const OptTensor& weight, const OptTensor& bias,
+                                 const Pointwise& pro);
+Tensor group_norm_backward_sums_cuda_pre(const char* op, const Tensor& grad_out, const Tensor& input,
+                                         const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
+                                         int64_t num_groups, const Pointwise& pro);
+Tensor group_norm_backward_apply_cuda_pre(const char* op, const Tensor& grad_out, const Tensor& input,
+                                          const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
+                                          const Tensor& group_sums, int64_t num_groups, const Pointwise& pro);
 std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x, const Problem& s, const Tensor& shift, double eps);
 Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const Problem& s, const Tensor& mean,
                                      const Tensor& rstd, const OptTensor& weight, const OptTensor& dgamma,

@@ -366,6 +366,137 @@ Tensor group_norm_grad_finalize_cuda(const Tensor& partial, int64_t K, const Pro
   return coef;
 }
 
+// The two-pass GroupNorm split at its statistics: each pass an op of its own, the statistics (or the backward's
+// group sums) supplied by the caller, who merges them across ranks in between (groupnorm_ext.distributed).
+// Same kernels and geometry as the two-pass plan of group_norm_cuda_pre / group_norm_backward_impl.
+
+Tensor group_norm_apply_cuda_pre(const char* op, const Tensor& input, const Tensor& mean, const Tensor& rstd,
+                                 int64_t num_groups, const OptTensor& weight, const OptTensor& bias,
+                                 const Pointwise& pro) {
+  const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
+  check_stats_args(op, s, input, mean, rstd);
+  check_pointwise(op, input, pro);
+  DeviceGuard guard(input);
+  const Tensor x_in = dense_input(input);
+  Tensor out = empty_as(input, group_norm_memory_format(input));
+  if (input.numel() == 0) return out;
+  const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
+  const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
+  const Tensor mean_c = contig(mean), rstd_c = contig(rstd);
+  gn::Request req = request_of(x_in, pro);
+  req.aligned = aligned16({x_in.data_ptr(), out.data_ptr(), defined(pro.residual) ? pro.residual->data_ptr() : nullptr});
+  const Plan plan = gn::plan_two_pass(s, req, false, plan_device(), gn::tuning());
+  const bool relayout = !plan.nhwc && !x_in.is_contiguous();
+  const Tensor x = relayout ? contig(x_in) : x_in;
+  const Tensor y = relayout ? empty_as(x, MemoryFormat::Contiguous) : out;
+  const Tensor res = defined(pro.residual) ? dense_in(*pro.residual, suggest_format(x)) : Tensor();
+  const gn::PwArgs pw = pw_args(pro, res, nullptr, w, b);
+  const cudaStream_t stream = current_stream(x);
+  Scratch ws = scratch(x, s.N * s.C * 4, stream);
+  float* coef = ws.take(s.N * s.C * 4);
+  GNEXT_CUDA_CHECK(gn::launch_coef(param_kind(w, b, ScalarType::Float), s, ptr<float>(mean_c), ptr<float>(rstd_c),
+                                 ptr_or_null(w), ptr_or_null(b), nullptr, coef, stream));
+  GNEXT_CUDA_CHECK(gn::launch_affine(false, scalar_kind(input.scalar_type()), s, plan.affine, x.data_ptr(), nullptr,
+                                   y.data_ptr(), coef, pw, stream));
+  if (relayout) copy_into(out, y);
+  return out;
+}
+
+namespace {
+
+// x and dy of a split backward in the layout its plan reads (the same for the sums and the apply pass).
+struct SplitBackward {
+  Problem s;
+  Plan plan;
+  Tensor x, dy;
+  OptTensor w, b;
+  Tensor mean, rstd;
+  gn::PwArgs pw;
+};
+
+SplitBackward split_backward(const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean,
+                             const Tensor& rstd, const OptTensor& weight, int64_t num_groups, const Pointwise& pro,
+                             const void* dx) {
+  SplitBackward r;
+  r.s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
+  check_pointwise(op, input, pro);
+  if (defined(pro.gn_bias)) check_group_norm_args(op, input, num_groups, weight, pro.gn_bias);
+  const Tensor x_in = dense_input(input);
+  const Tensor dy_in = dense_in(grad_out, group_norm_memory_format(x_in));
+  gn::Request req = request_of(x_in, pro);
+  req.aligned = aligned16({x_in.data_ptr(), dy_in.data_ptr(), dx});
+  req.flat = x_in.is_contiguous() && dy_in.is_contiguous();
+  req.need_dx = dx != nullptr;
+  r.plan = gn::plan_two_pass(r.s, req, true, plan_device(), gn::tuning());
+  const bool relayout = !r.plan.nhwc && !x_in.is_contiguous();
+  r.x = relayout ? contig(x_in) : x_in;
+  r.dy = relayout ? contig(grad_out) : dy_in;
+  r.w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
+  r.b = defined(pro.gn_bias) ? OptTensor(contig(*pro.gn_bias)) : std::nullopt;
+  r.mean = contig(mean), r.rstd = contig(rstd);
+  r.pw = pw_args(pro, Tensor(), ptr<float>(r.rstd), r.w, r.b);
+  return r;
+}
+
+}  // namespace
+
+Tensor group_norm_backward_sums_cuda_pre(const char* op, const Tensor& grad_out, const Tensor& input,
+                                         const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
+                                         int64_t num_groups, const Pointwise& pro) {
+  DeviceGuard guard(input);
+  if (input.numel() == 0) {
+    const Problem s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
+    return zeros_on(input, {s.N, s.C, 2}, ScalarType::Float);
+  }
+  const SplitBackward b = split_backward(op, grad_out, input, mean, rstd, weight, num_groups, pro, nullptr);
+  const Problem& s = b.s;
+  Tensor dsum = empty_on(input, {s.N, s.C, 2}, ScalarType::Float);
+  const gn::ReduceGeometry& rg = b.plan.reduce;
+  const cudaStream_t stream = current_stream(b.x);
+  Scratch ws = scratch(b.x, s.N * s.C * rg.K * 2, stream);
+  float* partial = ws.take(s.N * s.C * rg.K * 2);
+  GNEXT_CUDA_CHECK(gn::launch_reduce(true, scalar_kind(input.scalar_type()), s, rg, b.x.data_ptr(), b.dy.data_ptr(),
+                                   ptr<float>(b.mean), partial, b.pw, stream));
+  GNEXT_CUDA_CHECK(gn::launch_finalize_backward(param_kind(b.w, std::nullopt, ScalarType::Float), s,
+                                              partial_layout(s, rg), partial, ptr<float>(b.mean), ptr<float>(b.rstd),
+                                              ptr_or_null(b.w), ptr<float>(dsum), /*coef=*/nullptr, stream));
+  return dsum;
+}
+
+Tensor group_norm_backward_apply_cuda_pre(const char* op, const Tensor& grad_out, const Tensor& input,
+                                          const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
+                                          const Tensor& group_sums, int64_t num_groups, const Pointwise& pro) {
+  DeviceGuard guard(input);
+  const Problem s0 = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
+  GNEXT_CHECK(group_sums.scalar_type() == ScalarType::Float && group_sums.numel() == s0.N * s0.G * 2, op,
+              ": group_sums must be float32 with N*G*2=", s0.N * s0.G * 2, " elements, got ", group_sums.scalar_type(),
+              " of shape ", shape(group_sums));
+  GNEXT_CHECK(same_device(group_sums, input), op, ": group_sums is on ", device_name(group_sums),
+              " but input is on ", device_name(input));
+  Tensor dx = empty_as(input, group_norm_memory_format(input));
+  if (input.numel() == 0) return dx;
+  const SplitBackward b = split_backward(op, grad_out, input, mean, rstd, weight, num_groups, pro, dx.data_ptr());
+  const Problem& s = b.s;
+  const bool relayout = !b.plan.nhwc && !input.is_contiguous();
+  const Tensor dx_work = relayout ? empty_as(b.x, MemoryFormat::Contiguous) : dx;
+  const Tensor gs = contig(group_sums);
+  const cudaStream_t stream = current_stream(b.x);
+  Scratch ws = scratch(b.x, s.N * s.C * 4, stream);
+  float* coef = ws.take(s.N * s.C * 4);
+  GNEXT_CUDA_CHECK(gn::launch_coef(param_kind(b.w, std::nullopt, ScalarType::Float), s, ptr<float>(b.mean),
+                                 ptr<float>(b.rstd), ptr_or_null(b.w), nullptr, ptr<float>(gs), coef, stream));
+  GNEXT_CUDA_CHECK(gn::launch_affine(true, scalar_kind(input.scalar_type()), s, b.plan.affine, b.x.data_ptr(),
+                                   b.dy.data_ptr(), dx_work.data_ptr(), coef, b.pw, stream));
+  if (relayout) copy_into(dx, dx_work);
+  return dx;
+}
+
+std::tuple<Tensor, Tensor> group_norm_stats_op_cuda(const Tensor& input, int64_t num_groups, double eps) {
+  const Problem s = check_group_norm_args("gnext.group_norm_stats", input, num_groups, std::nullopt, std::nullopt);
+  DeviceGuard guard(input);
+  return group_norm_stats_cuda(dense_input(input), s, Tensor(), eps);
+}
+
 namespace {
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda(const Tensor& input, int64_t num_groups, const OptTensor& weight,
@@ -386,6 +517,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
 STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
   m.impl("group_norm", TORCH_BOX(&group_norm_cuda));
   m.impl("group_norm_backward", TORCH_BOX(&group_norm_backward_cuda));
+  m.impl("group_norm_stats", TORCH_BOX(&group_norm_stats_op_cuda));
 }
 
 }  // namespace gnext

@@ -99,6 +99,37 @@ cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const fl
   });
 }
 
+// coef per (n, c) from statistics computed elsewhere (launch_coef).
+template <typename W>
+__global__ void coef_kernel(const float* __restrict__ mean, const float* __restrict__ rstd, const W* __restrict__ gamma,
+                            const W* __restrict__ beta, const float2* __restrict__ gsum, float4* __restrict__ coef,
+                            int64_t N, int64_t C, int64_t G) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * C) return;
+  const int64_t n = i / C, c = i % C, ng = n * G + c / (C / G);
+  const float r = rstd[ng], mu = mean[ng];
+  const float w = gamma ? to_float(gamma[c]) : 1.f;
+  if (gsum) {
+    const float2 s = gsum[ng];
+    coef[i] = make_float4(mu, -r * r * r * s.x, r * w, -r * s.y);
+  } else {
+    coef[i] = make_float4(mu, r * w, 0.f, beta ? to_float(beta[c]) : 0.f);
+  }
+}
+
+cudaError_t launch_coef(ScalarKind wt, const Problem& p, const float* mean, const float* rstd, const void* gamma,
+                        const void* beta, const float* gsum, float* coef, cudaStream_t stream) {
+  const int64_t n = p.N * p.C;
+  if (n <= 0) return cudaSuccess;
+  return with_scalar(wt, [&](auto wtag) {
+    using W = decltype(wtag);
+    coef_kernel<W><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+        mean, rstd, static_cast<const W*>(gamma), static_cast<const W*>(beta), reinterpret_cast<const float2*>(gsum),
+        reinterpret_cast<float4*>(coef), p.N, p.C, p.G);
+    return cudaGetLastError();
+  });
+}
+
 template <typename From, typename To>
 __global__ void cast_stats_kernel(const From* __restrict__ mean, const From* __restrict__ rstd, To* __restrict__ mean_out,
                                   To* __restrict__ rstd_out, int64_t n) {

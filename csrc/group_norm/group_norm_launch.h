@@ -245,6 +245,11 @@ cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const Parti
 cudaError_t launch_finalize_backward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
                                      const float* mean, const float* rstd, const void* gamma, float* dsum, float* coef,
                                      cudaStream_t stream);
+// coef per (n, c) from given mean/rstd (N, G) (the statistics of a tensor split over ranks, merged elsewhere):
+// gsum null: the forward's (mean, rstd*gamma, 0, beta); else the backward's, gsum (N, G) float2 holding the group
+// means of gamma*dy*(x - mean) and gamma*dy over the whole tensor: (mean, -rstd^3 gsum.x, rstd*gamma, -rstd gsum.y).
+cudaError_t launch_coef(ScalarKind wt, const Problem& p, const float* mean, const float* rstd, const void* gamma,
+                        const void* beta, const float* gsum, float* coef, cudaStream_t stream);
 // dgamma/dbeta (either may be null) of type pt from dsum.
 cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const float* dsum, const float* rstd,
                                        void* dgamma, void* dbeta, cudaStream_t stream);

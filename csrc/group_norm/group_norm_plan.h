@@ -572,6 +572,15 @@ inline Plan plan_backward(const Problem& p, const Request& r, const Device& d, c
   return two_pass(plan, p, r, true, d, t);
 }
 
+// The two-pass kernels whatever else would fit: the reduction and the elementwise pass run as separate ops when
+// the statistics are merged between them (groupnorm_ext.distributed: per-shard sums, all-reduce, apply).
+inline Plan plan_two_pass(const Problem& p, const Request& r, bool bwd, const Device& d, const Tuning& t) {
+  Plan plan;
+  plan.nhwc = use_nhwc(p, r, bwd ? kGradStateBytes : kMomentsStateBytes, d, t);
+  plan.why = "two-pass: statistics merged between the passes";
+  return two_pass(plan, p, r, bwd, d, t);
+}
+
 // The statistics alone (mean, rstd): the two-pass reduction.
 inline Plan plan_stats(const Problem& p, const Request& r, const Device& d, const Tuning& t) {
   Plan plan;

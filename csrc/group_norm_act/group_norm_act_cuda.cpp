@@ -26,11 +26,45 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_act_backward_cuda(
                                       mask_array<3>(op, output_mask), pw);
 }
 
+Tensor group_norm_act_apply_cuda(const Tensor& input, const Tensor& mean, const Tensor& rstd, int64_t num_groups,
+                                 const OptTensor& weight, const OptTensor& bias, const std::string& activation,
+                                 const OptTensor& residual) {
+  constexpr const char* op = "gnext.group_norm_act_apply";
+  Pointwise pw;
+  pw.act = parse_activation(op, activation);
+  pw.residual = residual;
+  return group_norm_apply_cuda_pre(op, input, mean, rstd, num_groups, weight, bias, pw);
+}
+
+Tensor group_norm_act_apply_backward_sums_cuda(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
+                                               const Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
+                                               int64_t num_groups, const std::string& activation) {
+  constexpr const char* op = "gnext.group_norm_act_apply_backward_sums";
+  Pointwise pw;
+  pw.act = parse_activation(op, activation);
+  pw.gn_bias = bias;
+  return group_norm_backward_sums_cuda_pre(op, grad_out, input, mean, rstd, weight, num_groups, pw);
+}
+
+Tensor group_norm_act_apply_backward_cuda(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
+                                          const Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
+                                          const Tensor& group_sums, int64_t num_groups,
+                                          const std::string& activation) {
+  constexpr const char* op = "gnext.group_norm_act_apply_backward";
+  Pointwise pw;
+  pw.act = parse_activation(op, activation);
+  pw.gn_bias = bias;
+  return group_norm_backward_apply_cuda_pre(op, grad_out, input, mean, rstd, weight, group_sums, num_groups, pw);
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
   m.impl("group_norm_act", TORCH_BOX(&group_norm_act_cuda));
   m.impl("group_norm_act_backward", TORCH_BOX(&group_norm_act_backward_cuda));
+  m.impl("group_norm_act_apply", TORCH_BOX(&group_norm_act_apply_cuda));
+  m.impl("group_norm_act_apply_backward_sums", TORCH_BOX(&group_norm_act_apply_backward_sums_cuda));
+  m.impl("group_norm_act_apply_backward", TORCH_BOX(&group_norm_act_apply_backward_cuda));
 }
 
 }  // namespace gnext

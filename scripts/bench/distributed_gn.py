@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """GroupNorm(+SiLU) of one activation split along H over the GPUs of this host (NCCL, one process per GPU),
-per layer, forward: gnext's groupnorm_ext.distributed.group_norm against the all-gather approach (gather the
+per layer, forward (and forward + backward): gnext's groupnorm_ext.distributed.group_norm against the all-gather approach (gather the
 whole activation to every rank, GroupNorm it, keep this rank's rows: sglang's parallel VAE, written here from its
 description), eager GroupNorm of the shard alone (wrong statistics: what the shard's pass costs) and gnext's op
 on the shard alone; max abs difference of each rank's shard from nn.GroupNorm of the whole tensor (float32 on
@@ -56,7 +56,31 @@ def _worker(rank, world, init, args, q):
         "eager GroupNorm of the shard alone (wrong stats)": lambda: F.silu(F.group_norm(shard, G, w, b, 1e-5)),
         "gnext op on the shard alone (wrong stats)": lambda: ge.group_norm_act(shard, G, w, b, 1e-5, activation="silu"),
     }
+    dy = torch.randn(shard.shape, device="cuda", generator=g, dtype=dtype)
+    xg = shard.detach().requires_grad_()
+    wg, bg = w.detach().requires_grad_(), b.detach().requires_grad_()
+
+    def train(fn):  # forward + backward of x, weight and bias
+        def step():
+            fn(xg, wg, bg).backward(dy)
+            xg.grad = wg.grad = bg.grad = None
+        return step
+
+    train_variants = {
+        "gnext distributed, fwd+bwd": train(lambda x, w_, b_: gd.group_norm(x, G, w_, b_, 1e-5, activation="silu",
+                                                                            dim=2, check=False)),
+        "gnext op on the shard alone, fwd+bwd": train(lambda x, w_, b_: ge.group_norm_act(x, G, w_, b_, 1e-5,
+                                                                                          activation="silu")),
+        "eager on the shard alone, fwd+bwd": train(lambda x, w_, b_: F.silu(F.group_norm(x, G, w_, b_, 1e-5))),
+    }
     out = {}
+    for name, fn in train_variants.items():
+        for _ in range(2):
+            fn()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out[name] = {"ms": event_ms(fn, args.reps, across_ranks=True)}
+        out[name]["peak_extra_MB"] = (torch.cuda.max_memory_allocated() - base) / 1e6
     with torch.no_grad():
         for name, fn in variants.items():
             for _ in range(2):
@@ -72,10 +96,12 @@ def _worker(rank, world, init, args, q):
             ref = F.silu(F.group_norm(full.float(), G, w.float(), b.float(), 1e-5))
             diffs = [(p.float() - r).abs().max().item() for p, r in zip(parts, ref.split(rows, dim=2))]
             diff = max(diffs)
-            q.put({"world": world, "shape": args.shape, "dtype": args.dtype, "rows": rows, "variants": out,
+            r = {"world": world, "shape": args.shape, "dtype": args.dtype, "rows": rows, "variants": out,
                    "max_abs_diff_vs_fp32_whole": diff, "per_rank_diff": diffs, "bytes_per_layer_gnext": world * N * G * 3 * 8,
                    "bytes_per_layer_allgather": N * C * H * W * torch.finfo(dtype).bits // 8,
-                   "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+                   "bytes_per_layer_gnext_backward": N * C * 2 * 4,
+                   "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+            q.put({"variants": out, **{k: v for k, v in r.items() if k != "variants"}})
     dist.barrier()
     dist.destroy_process_group()
 
@@ -86,6 +112,7 @@ def main():
     p.add_argument("--gpus", type=int, default=torch.cuda.device_count())
     p.add_argument("--dtype", default="float16")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--json", default=None, help="also write the results to this file")
     args = p.parse_args()
     args.shape = [int(v) for v in args.shape.split(",")]
     ctx = mp.get_context("spawn")
@@ -94,11 +121,22 @@ def main():
         mp.start_processes(_worker, args=(args.gpus, f"file://{tmp}/store", args, q), nprocs=args.gpus,
                            join=True, start_method="spawn")
     r = q.get()
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=1)
     print(f"{r['device']} x{r['world']}, torch {r['torch']}, {r['shape']} {r['dtype']} split along H as {r['rows']}:")
     print("| variant | ms per layer (slowest rank) | peak extra MB (rank 0) |\n|---|---:|---:|")
     for name, v in r["variants"].items():
         print(f"| {name} | {v['ms']:.3f} | {v['peak_extra_MB']:.0f} |")
-    print(f"bytes exchanged per layer: gnext {r['bytes_per_layer_gnext']} (statistics), all-gather approach "
+    fw, one = r["variants"]["gnext distributed"]["ms"], r["variants"]["gnext op on the shard alone (wrong stats)"]["ms"]
+    ag = r["variants"]["all-gather + GroupNorm"]["ms"]
+    tr = r["variants"]["gnext distributed, fwd+bwd"]["ms"] / r["variants"]["gnext op on the shard alone, fwd+bwd"]["ms"]
+    print(f"gnext distributed: {ag / fw:.1f}x faster than the all-gather approach; {fw / one:.2f}x the single-GPU op "
+          f"on the same shard (forward), {tr:.2f}x (forward + backward)")
+    print(f"bytes exchanged per layer: gnext {r['bytes_per_layer_gnext']} (statistics) + backward "
+          f"{r['bytes_per_layer_gnext_backward']}, all-gather approach "
           f"{r['bytes_per_layer_allgather'] / 1e9:.2f} GB (the activation); gnext vs fp32 whole-tensor GroupNorm: "
           f"max abs diff {r['max_abs_diff_vs_fp32_whole']:.2e} (per rank {r['per_rank_diff']})")
 

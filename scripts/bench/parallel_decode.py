@@ -8,10 +8,12 @@ attends, and keeps its rows. Upsampling is local.
     python scripts/bench/parallel_decode.py --check              # 2 CPU processes, gloo, a small random decoder
     python scripts/bench/parallel_decode.py --size 2048 --gpus 2  # NCCL: one GPU against the split decode
 
---check compares the split decode with the one-process decode (max abs difference). The GPU run reports wall time
-per decode (median of --reps, the slowest rank), the speedup over one GPU, peak memory per GPU, and the max abs
-difference and PSNR of the decoded image against the one-GPU decode. Random weights of the SD VAE's shape (no
-download)."""
+Compared in one run: the split decode with gnext's SpatialGroupNorm, the split decode with the all-gather approach
+(AllGatherGroupNorm), and one GPU decoding the whole image (eager GroupNorm, and converted to gnext). --check (gloo)
+compares the split decodes with the one-process decode (max abs difference, PSNR). The GPU run adds, in rounds of
+a random order: wall time per decode (the slowest rank), the speedup over one GPU, GroupNorm's share of the decode
+(against the same decode with every GroupNorm replaced by nn.Identity), bytes exchanged per GroupNorm layer, peak
+memory per GPU. Random weights of the SD VAE's shape (no download)."""
 from __future__ import annotations
 
 import argparse
@@ -76,8 +78,26 @@ class GatherAttention(nn.Module):
         return out[:, :, rank * h:(rank + 1) * h]
 
 
-def parallelize_decoder(decoder: nn.Module, group=None) -> nn.Module:
-    """The decoder with its GroupNorms, 3x3 convolutions and attention blocks made row-parallel (in place)."""
+class AllGatherGroupNorm(nn.Module):
+    """The all-gather approach (sglang's parallel VAE, written here from its description): gather the whole
+    activation to every rank, eager GroupNorm of it, keep this rank's rows (equal shards)."""
+
+    def __init__(self, gn: nn.GroupNorm, group=None):
+        super().__init__()
+        self.gn, self.group = gn, group
+
+    def forward(self, x):
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        h = x.shape[2]
+        return self.gn(torch.cat(parts, dim=2))[:, :, rank * h:(rank + 1) * h]
+
+
+def parallelize_decoder(decoder: nn.Module, group=None, norm: str = "gnext") -> nn.Module:
+    """The decoder with its GroupNorms, 3x3 convolutions and attention blocks made row-parallel (in place).
+    norm: "gnext" (SpatialGroupNorm), "allgather" (AllGatherGroupNorm) or "none" (nn.Identity: not a decoder any
+    more, for GroupNorm's share of the time)."""
     from groupnorm_ext.distributed import SpatialGroupNorm, convert_group_norm_spatial
 
     def walk(m):
@@ -88,12 +108,38 @@ def parallelize_decoder(decoder: nn.Module, group=None) -> nn.Module:
                 assert child.stride == (1, 1), "the decoder has no strided convolutions"
                 setattr(m, name, HaloConv2d(child, group))
             elif isinstance(child, nn.GroupNorm) and not isinstance(child, SpatialGroupNorm):
-                setattr(m, name, convert_group_norm_spatial(child, dim=2, group=group))
+                setattr(m, name, convert_group_norm_spatial(child, dim=2, group=group) if norm == "gnext" else
+                        AllGatherGroupNorm(child, group) if norm == "allgather" else nn.Identity())
             else:
                 walk(child)
 
     walk(decoder)
     return decoder
+
+
+def _without_group_norm(decoder: nn.Module) -> nn.Module:
+    """Every GroupNorm (outside the attention blocks, as in the split decoders) replaced by nn.Identity."""
+    for name, child in list(decoder.named_children()):
+        if isinstance(child, nn.GroupNorm):
+            setattr(decoder, name, nn.Identity())
+        elif type(child).__name__ != "Attention":
+            _without_group_norm(child)
+    return decoder
+
+
+def _group_norm_bytes(decoder: nn.Module, z: torch.Tensor, world: int) -> dict:
+    """Bytes each GroupNorm layer of the decode exchanges (the largest layer): gnext's statistics (an all-gather of
+    world * N * G * 3 float64) against the all-gather approach (the whole activation, to every rank)."""
+    sizes = []
+    hooks = [m.register_forward_pre_hook(lambda m, a: sizes.append((a[0].numel(), a[0].element_size(), m.num_groups)))
+             for m in decoder.modules() if isinstance(m, nn.GroupNorm)]
+    with torch.no_grad():
+        decoder(z)
+    for h in hooks:
+        h.remove()
+    numel, esize, G = max(sizes)
+    return {"gn_layers": len(sizes), "gnext_bytes_per_layer": world * z.shape[0] * G * 3 * 8,
+            "allgather_bytes_per_layer_max": numel * esize * (world - 1) // world * world}
 
 
 def _vae(small: bool):
@@ -109,6 +155,9 @@ def _vae(small: bool):
 
 
 def _worker(rank, world, init, args, q):
+    import copy
+    import random
+
     backend = "gloo" if args.check else "nccl"
     device = "cpu" if args.check else f"cuda:{rank}"
     if device != "cpu":
@@ -123,38 +172,92 @@ def _worker(rank, world, init, args, q):
     lat = args.size // 8
     z = torch.randn(1, 4, lat, lat, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     h = lat // world
-    import copy
-
+    mine = z[:, :, rank * h:(rank + 1) * h]
     single = copy.deepcopy(dec) if rank == 0 else None
-    par = parallelize_decoder(dec)
+    split = {"gnext": parallelize_decoder(copy.deepcopy(dec)), "allgather": parallelize_decoder(copy.deepcopy(dec),
+                                                                                                   norm="allgather")}
     res = {}
     with torch.no_grad():
-        mine = z[:, :, rank * h:(rank + 1) * h]
-        out = par(mine)
-        parts = [torch.empty_like(out) for _ in range(world)]
-        dist.all_gather(parts, out.contiguous())
+        outs = {}
+        for name, m in split.items():
+            out = m(mine)
+            parts = [torch.empty_like(out) for _ in range(world)]
+            dist.all_gather(parts, out.contiguous())
+            outs[name] = torch.cat(parts, dim=2) if rank == 0 else None
         if rank == 0:
-            ref = single(z)
-            whole = torch.cat(parts, dim=2)
-            diff = (whole.float() - ref.float()).abs().max().item()
-            mse = ((whole.float() - ref.float()) ** 2).mean().item()
-            rng = (ref.float().max() - ref.float().min()).item()
-            res.update(max_abs_diff=diff, psnr=10 * math.log10(rng ** 2 / mse) if mse > 0 else float("inf"))
+            ref = single(z).float()
+            rng = (ref.max() - ref.min()).item()
+            for name, whole in outs.items():
+                diff = (whole.float() - ref).abs().max().item()
+                mse = ((whole.float() - ref) ** 2).mean().item()
+                res[f"{name}_max_abs_diff"] = diff
+                res[f"{name}_psnr_dB"] = 10 * math.log10(rng ** 2 / mse) if mse > 0 else float("inf")
+            res.update(_group_norm_bytes(single, z, world))
+        del outs
         if not args.check:
-            torch.cuda.reset_peak_memory_stats()
-            res["split_ms"] = event_ms(lambda: par(mine), args.reps, across_ranks=True)
-            res["split_peak_GB"] = torch.cuda.max_memory_allocated() / 1e9
+            import groupnorm_ext
+
+            split["none"] = parallelize_decoder(copy.deepcopy(dec), norm="none")
+            singles = {}
             if rank == 0:
-                del par
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-                res["single_ms"] = event_ms(lambda: single(z), args.reps)
-                res["single_peak_GB"] = torch.cuda.max_memory_allocated() / 1e9
+                singles = {"eager": single, "gnext": groupnorm_ext.convert_group_norm_act(copy.deepcopy(single)),
+                           "none": _without_group_norm(copy.deepcopy(single))}
+            del dec
+            # Rounds in a random order (the same on every rank): each split variant on all ranks, then rank 0
+            # alone decodes the whole image with each single-GPU variant while the others wait.
+            times: dict = {f"split_{k}": [] for k in split} | {f"single_{k}": [] for k in ("eager", "gnext", "none")}
+            peaks: dict = {}
+            order = random.Random(0)
+            for _ in range(args.rounds):
+                names = list(split)
+                order.shuffle(names)
+                for name in names:
+                    torch.cuda.reset_peak_memory_stats()
+                    times[f"split_{name}"].append(event_ms(lambda: split[name](mine), 1, across_ranks=True))
+                    peaks[f"split_{name}"] = torch.cuda.max_memory_allocated() / 1e9
+                if rank == 0:
+                    names = list(singles)
+                    order.shuffle(names)
+                    for name in names:
+                        torch.cuda.reset_peak_memory_stats()
+                        times[f"single_{name}"].append(event_ms(lambda: singles[name](z), 1))
+                        peaks[f"single_{name}"] = torch.cuda.max_memory_allocated() / 1e9
+                else:
+                    order.shuffle(list(singles or ("eager", "gnext", "none")))  # keep the generators in step
+                dist.barrier()
+            if rank == 0:
                 res["device"] = torch.cuda.get_device_name()
+                res["torch"] = torch.__version__
+                res["times_ms"] = times
+                res["peak_GB"] = peaks
     if rank == 0:
         q.put(res)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _report(r: dict, args) -> None:
+    import statistics
+
+    print({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in r.items()
+           if k not in ("times_ms", "peak_GB")})
+    if "times_ms" not in r:
+        return
+    t = {k: v for k, v in r["times_ms"].items() if v}
+    med = {k: statistics.median(v) for k, v in t.items()}
+    print(f"{r['device']} x{args.gpus}, torch {r['torch']}, AutoencoderKL decoder {args.size}^2 fp16, "
+          f"{args.rounds} rounds:")
+    print("| variant | median ms | min-max ms | peak GB (rank 0) |\n|---|---:|---:|---:|")
+    for k, v in t.items():
+        print(f"| {k} | {med[k]:.1f} | {min(v):.1f}-{max(v):.1f} | {r['peak_GB'][k]:.1f} |")
+    share = lambda a, b: 1 - med[b] / med[a]  # noqa: E731
+    ratios = [a / b for a, b in zip(t["single_gnext"], t["split_gnext"])]
+    print(f"speedup of the split decode over one GPU (gnext GroupNorm both): {med['single_gnext'] / med['split_gnext']:.2f}x "
+          f"(per round {min(ratios):.2f}-{max(ratios):.2f}); over one GPU eager: "
+          f"{med['single_eager'] / med['split_gnext']:.2f}x")
+    print(f"GroupNorm's share of the decode: one GPU (gnext) {share('single_gnext', 'single_none'):.1%}, split gnext "
+          f"{share('split_gnext', 'split_none'):.1%}, split all-gather {share('split_allgather', 'split_none'):.1%}; "
+          f"split all-gather / split gnext: {med['split_allgather'] / med['split_gnext']:.2f}x")
 
 
 def run(args) -> dict:
@@ -172,11 +275,17 @@ def main():
     p.add_argument("--check", action="store_true", help="2 CPU processes (gloo), a small decoder, 64x64 image")
     p.add_argument("--size", type=int, default=None, help="image size (default 64 with --check, else 2048)")
     p.add_argument("--gpus", type=int, default=torch.cuda.device_count())
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", default=None, help="also write the results to this file")
     args = p.parse_args()
     args.size = args.size or (64 if args.check else 2048)
     r = run(args)
-    print({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in r.items()})
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), **r}, f, indent=1)
+    _report(r, args)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 # device's 10-minute cap (a hang shows as a timeout, not a lost call). Logs and results go to $OUT
 # (default ./device_out); a short table prints last.
 #   bash scripts/dev/device_run.sh [bench args...]
-#   STEPS="build smoke aten bench test kb fused act sanitize ncu host models shapes kernels plan" BUDGET_S=580 \
+#   STEPS="deps build smoke aten bench test kb fused act sanitize ncu host models shapes kernels plan dist" BUDGET_S=580 \
 #     bash scripts/dev/device_run.sh
 # test runs pytest with PYTEST_N xdist workers (default 8; 0: none). aten: tests/test_aten_kernels.py.
 # models: ROWS (default all), VARIANTS (default all) and MODELS_NAME (output name) of the real-model benchmark (FUSION_WHEN=always: the compile + fusion variant rewrites training graphs too); shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
@@ -26,6 +26,9 @@ python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cud
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 left() { echo $((BUDGET_S - SECONDS)); }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+if has deps; then  # benchmark-only packages carried as wheels in .whl/ (no network there)
+  pip install -q --no-deps --no-index .whl/*.whl > "$OUT/deps.log" 2>&1; echo "deps rc=$?"
+fi
 if has build; then
   t0=$SECONDS
   GNEXT_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
@@ -106,6 +109,20 @@ fi
 if has kernels; then
   timeout $(( $(left) - 10 )) python3 scripts/dev/profile_kernels.py ${MATCH:+--match "$MATCH"} > "$OUT/profile_kernels.log" 2>&1
   echo "profile_kernels rc=$?"; grep -E "^== |host time" "$OUT/profile_kernels.log" | head -40
+fi
+if has dist; then  # every GPU of the host: the NCCL tests, one GroupNorm layer split over them, the split decode
+  t0=$SECONDS
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_distributed.py tests/test_split_ops.py \
+    > "$OUT/pytest_dist.log" 2>&1
+  echo "distributed tests rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest_dist.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest_dist.log" | head -10
+  timeout 180 python3 scripts/bench/distributed_gn.py --json "$OUT/distributed_gn.json" > "$OUT/distributed_gn.log" 2>&1
+  echo "distributed_gn rc=$?"; grep -v Warn "$OUT/distributed_gn.log" | tail -12
+  for size in ${DECODE_SIZES:-2048 4096}; do
+    timeout $(( $(left) - 10 )) python3 scripts/bench/parallel_decode.py --size "$size" --rounds "${ROUNDS:-5}" \
+      --json "$OUT/parallel_decode_$size.json" > "$OUT/parallel_decode_$size.log" 2>&1
+    echo "parallel_decode $size rc=$?"; grep -v -i warn "$OUT/parallel_decode_$size.log" | tail -12
+  done
 fi
 if has ncu; then
   OUT=$OUT timeout $(( $(left) )) bash scripts/dev/ncu_gaps.sh
