@@ -183,6 +183,14 @@ def _aten_stat_params(input, C):
     return torch.ones(C, dtype=pdt), torch.zeros(C, dtype=pdt)
 
 
+def _canonical(t, fmt):
+    """t with the canonical strides of its layout `fmt` (a view). A tensor dense in a layout may carry any stride on
+    a dim of size 1 (a reshape of a transpose at N = 1: (64, 1, 512, 64) for 1x64x4x8 channels_last); ATen's CPU
+    GroupNorm in torch 2.11 then finds it contiguous in neither layout and raises."""
+    canon = torch.empty(t.shape, device="meta", memory_format=fmt).stride()
+    return t if t.stride() == canon else t.as_strided(t.shape, canon)
+
+
 def _aten_input(t):
     """t as ATen's CPU GroupNorm kernels take it: NCHW-contiguous. (Their channels_last forward computes the
     variance as E[x^2] - E[x]^2, which cancels at large means: rstd off by 300x at mean 1e4, std 1.)"""
@@ -217,6 +225,7 @@ def _group_norm(op, input, num_groups, weight, bias, eps):
     w, b = _aten_stat_params(input, C)
     cl = fmt != torch.contiguous_format
     if input.is_contiguous() or cl:
+        input = _canonical(input, fmt)
         wf = w if weight is None else weight.float()
         bf = b if bias is None else bias.float()
         out, mu, r = torch.ops.aten.native_group_norm(input, wf, bf, N, C, HxW, G, eps)
@@ -252,8 +261,9 @@ def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, ou
     w = torch.ones(C) if weight is None else weight.float()
     mask = [output_mask[0], output_mask[1], output_mask[2]]
     if input.is_contiguous() and _shift(mean, rstd) <= _ATEN_MAX_SHIFT:
+        input = _canonical(input, torch.contiguous_format)
         dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(
-            grad_out.contiguous(), input, mean.float().contiguous(), rstd.float().contiguous(), w, N, C, HxW, G, mask)
+            _canonical(grad_out.contiguous(), torch.contiguous_format), input, mean.float().contiguous(), rstd.float().contiguous(), w, N, C, HxW, G, mask)
     else:
         xc = (input.float().reshape(N, G, -1) - mean.float().reshape(N, G, 1)).reshape(input.shape).contiguous()
         dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(

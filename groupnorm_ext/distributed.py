@@ -173,30 +173,31 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None
 
 
 class SpatialGroupNorm(nn.GroupNorm):
-    """``nn.GroupNorm`` (same constructor, parameters and state_dict, plus ``activation``) whose input is a shard
-    split along ``dim`` over ``group`` (:func:`group_norm`). ``forward(x, residual=None)``."""
+    """``nn.GroupNorm`` (same constructor, parameters and state_dict, plus ``activation``, ``dim``, ``group`` and
+    ``check``) whose input is a shard split along ``dim`` over ``group`` (:func:`group_norm`).
+    ``forward(x, residual=None)``."""
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, *, activation="identity", dim=2,
-                 group=None, device=None, dtype=None):
+                 group=None, check=True, device=None, dtype=None):
         if activation not in ACTIVATIONS:
             raise ValueError(f"SpatialGroupNorm: activation must be one of {', '.join(ACTIVATIONS)}, got "
                              f"{activation!r}")
         super().__init__(num_groups, num_channels, eps, affine, device=device, dtype=dtype)
-        self.activation, self.dim, self.group = activation, dim, group
+        self.activation, self.dim, self.group, self.check = activation, dim, group, check
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return group_norm(input, self.num_groups, self.weight, self.bias, self.eps, activation=self.activation,
-                          residual=residual, dim=self.dim, group=self.group)
+                          residual=residual, dim=self.dim, group=self.group, check=self.check)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation!r}, dim={self.dim}"
 
 
-def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None) -> nn.Module:
+def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None, check: bool = True) -> nn.Module:
     """Swaps every ``nn.GroupNorm`` (its subclasses that keep its forward, timm's GroupNorm, and gnext's
     ``GroupNorm`` / ``GroupNormAct``, whose activation it keeps) of ``module`` for :class:`SpatialGroupNorm`
     sharing its parameters; returns the module (or its replacement if it is itself a GroupNorm). ``state_dict``
-    keys are unchanged."""
+    keys are unchanged. ``check``: as :func:`group_norm`'s (False: no host synchronization per layer)."""
     from .convert import _from_group_norm, _GatedGroupNormAct, _plain_group_norm
     from .modules import GroupNorm, GroupNormAct
 
@@ -206,7 +207,7 @@ def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None) -
         # A norm fused by convert_group_norm_act(example_inputs=...) leaves its activation to its gate, which
         # applies it to any tensor the norm did not announce.
         act = m.activation if isinstance(m, GroupNormAct) and not isinstance(m, _GatedGroupNormAct) else "identity"
-        return _from_group_norm(SpatialGroupNorm, m, activation=act, dim=dim, group=group)
+        return _from_group_norm(SpatialGroupNorm, m, activation=act, dim=dim, group=group, check=check)
 
     top = swap(module)
     if top is not None:
@@ -216,5 +217,5 @@ def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None) -
         if new is not None:
             setattr(module, name, new)
         else:
-            convert_group_norm_spatial(child, dim=dim, group=group)
+            convert_group_norm_spatial(child, dim=dim, group=group, check=check)
     return module

@@ -111,6 +111,10 @@ def test_non_contiguous_and_unaligned(dtype, device):
     run_case(None, 4, None, dtype, device, x=flat[1:].view(2, 8, 16))  # data pointer not 16-byte aligned
     cl = rand_input((2, 8, 6, 6), dtype, device, memory_format=CL, gen=gen)
     run_case(None, 2, None, dtype, device, x=cl[:, :, 1:, :])  # sliced channels_last
+    # Dense in a layout with an odd stride on its size-1 batch dim (a reshape of a transpose at N = 1).
+    odd = rand_input((64 * 4 * 8,), dtype, device, gen=gen)
+    run_case(None, 8, CL, dtype, device, x=odd.as_strided((1, 64, 4, 8), (64, 1, 512, 64)))
+    run_case(None, 8, None, dtype, device, x=odd.as_strided((1, 64, 4, 8), (7, 32, 8, 1)))
 
 
 @pytest.mark.parametrize("device", DEVICES)

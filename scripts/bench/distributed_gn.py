@@ -52,6 +52,7 @@ def _worker(rank, world, init, args, q):
 
     variants = {
         "gnext distributed": lambda: gd.group_norm(shard, G, w, b, 1e-5, activation="silu", dim=2, check=False),
+        "gnext distributed, check=True": lambda: gd.group_norm(shard, G, w, b, 1e-5, activation="silu", dim=2),
         "all-gather + GroupNorm": allgather_gn,
         "eager GroupNorm of the shard alone (wrong stats)": lambda: F.silu(F.group_norm(shard, G, w, b, 1e-5)),
         "gnext op on the shard alone (wrong stats)": lambda: ge.group_norm_act(shard, G, w, b, 1e-5, activation="silu"),

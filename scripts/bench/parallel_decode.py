@@ -2,8 +2,8 @@
 """A diffusers AutoencoderKL decoder split by rows of H over the ranks of a process group (one image per call):
 every GroupNorm becomes groupnorm_ext.distributed.SpatialGroupNorm (exact whole-tensor statistics, a few KB per
 layer), every 3x3 convolution exchanges one halo row with its neighbours (halo_exchange: an all-gather of each
-rank's first and last rows only), and the mid-block attention gathers the whole (latent-resolution) tensor,
-attends, and keeps its rows. Upsampling is local.
+rank's first and last rows only), and the mid-block attention takes its queries from this rank's rows and its
+keys and values from every row (an all-gather of the normalized latent-resolution tensor). Upsampling is local.
 
     python scripts/bench/parallel_decode.py --check              # 2 CPU processes, gloo, a small random decoder
     python scripts/bench/parallel_decode.py --size 2048 --gpus 2  # NCCL: one GPU against the split decode
@@ -12,7 +12,7 @@ Compared in one run: the split decode with gnext's SpatialGroupNorm, the split d
 (AllGatherGroupNorm), and one GPU decoding the whole image (eager GroupNorm, and converted to gnext). --check (gloo)
 compares the split decodes with the one-process decode (max abs difference, PSNR). The GPU run adds, in rounds of
 a random order: wall time per decode (the slowest rank), the speedup over one GPU, GroupNorm's share of the decode
-(against the same decode with every GroupNorm replaced by nn.Identity), bytes exchanged per GroupNorm layer, peak
+(against the same decode with every GroupNorm(+activation) module replaced by its activation alone), bytes exchanged per GroupNorm layer, peak
 memory per GPU. Random weights of the SD VAE's shape (no download)."""
 from __future__ import annotations
 
@@ -63,19 +63,36 @@ class HaloConv2d(nn.Module):
 
 
 class GatherAttention(nn.Module):
-    """An attention block run on the whole tensor: all rows gathered (equal shards), attended, this rank's kept."""
+    """diffusers' VAE self-attention block (Attention: group_norm, to_q/to_k/to_v, to_out, residual, rescale; 4-D
+    input) on a row shard: its GroupNorm split (SpatialGroupNorm), queries from this rank's rows, keys and values from
+    every row (the normalized shards all-gathered, at the latent resolution). norm: as parallelize_decoder's."""
 
-    def __init__(self, attn: nn.Module, group=None):
+    def __init__(self, attn: nn.Module, group=None, norm: str = "gnext"):
         super().__init__()
+        from groupnorm_ext.distributed import convert_group_norm_spatial
+
         self.attn, self.group = attn, group
+        gn = attn.group_norm
+        self.norm = (None if gn is None else AllGatherGroupNorm(gn, group) if norm == "allgather" else
+                     nn.Identity() if norm == "none" else
+                     convert_group_norm_spatial(gn, dim=2, group=group, check=norm != "gnext_nocheck"))
 
     def forward(self, hidden_states, *args, **kwargs):
-        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        parts = [torch.empty_like(hidden_states) for _ in range(world)]
-        dist.all_gather(parts, hidden_states.contiguous(), group=self.group)
-        out = self.attn(torch.cat(parts, dim=2), *args, **kwargs)
-        h = hidden_states.shape[2]
-        return out[:, :, rank * h:(rank + 1) * h]
+        a, world = self.attn, dist.get_world_size(self.group)
+        N, C, h, W = hidden_states.shape
+        x = self.norm(hidden_states) if self.norm is not None else hidden_states
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        kv = torch.cat(parts, dim=2).flatten(2).transpose(1, 2)
+        q = a.to_q(x.flatten(2).transpose(1, 2))
+        k, v = a.to_k(kv), a.to_v(kv)
+        d = q.shape[-1] // a.heads
+        q, k, v = (t.view(N, -1, a.heads, d).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(N, h * W, a.heads * d)
+        o = a.to_out[1](a.to_out[0](o)).transpose(1, 2).reshape(N, C, h, W)
+        if a.residual_connection:
+            o = o + hidden_states
+        return o / a.rescale_output_factor
 
 
 class AllGatherGroupNorm(nn.Module):
@@ -96,20 +113,22 @@ class AllGatherGroupNorm(nn.Module):
 
 def parallelize_decoder(decoder: nn.Module, group=None, norm: str = "gnext") -> nn.Module:
     """The decoder with its GroupNorms, 3x3 convolutions and attention blocks made row-parallel (in place).
-    norm: "gnext" (SpatialGroupNorm), "allgather" (AllGatherGroupNorm) or "none" (nn.Identity: not a decoder any
-    more, for GroupNorm's share of the time)."""
+    norm: "gnext" (SpatialGroupNorm), "gnext_nocheck" (the same with check=False: no host synchronization per
+    layer), "allgather" (AllGatherGroupNorm) or "none" (the activation alone, _Act: not a decoder any more, for
+    GroupNorm's share of the time)."""
     from groupnorm_ext.distributed import SpatialGroupNorm, convert_group_norm_spatial
 
     def walk(m):
         for name, child in list(m.named_children()):
             if type(child).__name__ == "Attention":
-                setattr(m, name, GatherAttention(child, group))  # its own GroupNorm sees the whole tensor
+                setattr(m, name, GatherAttention(child, group, norm))
             elif isinstance(child, nn.Conv2d) and child.kernel_size[0] > 1:
                 assert child.stride == (1, 1), "the decoder has no strided convolutions"
                 setattr(m, name, HaloConv2d(child, group))
             elif isinstance(child, nn.GroupNorm) and not isinstance(child, SpatialGroupNorm):
-                setattr(m, name, convert_group_norm_spatial(child, dim=2, group=group) if norm == "gnext" else
-                        AllGatherGroupNorm(child, group) if norm == "allgather" else nn.Identity())
+                setattr(m, name, AllGatherGroupNorm(child, group) if norm == "allgather" else
+                        _Act(child) if norm == "none" else
+                        convert_group_norm_spatial(child, dim=2, group=group, check=norm != "gnext_nocheck"))
             else:
                 walk(child)
 
@@ -117,12 +136,26 @@ def parallelize_decoder(decoder: nn.Module, group=None, norm: str = "gnext") -> 
     return decoder
 
 
+class _Act(nn.Module):
+    """What is left of a GroupNorm(+activation) module without the GroupNorm: its activation (gnext's fused
+    GroupNormAct), else nothing. For GroupNorm's share of the decode."""
+
+    def __init__(self, gn: nn.Module):
+        super().__init__()
+        self.act = getattr(gn, "activation", "identity")
+
+    def forward(self, x):
+        from groupnorm_ext._cpu import apply_act
+
+        return apply_act(x, self.act)
+
+
 def _without_group_norm(decoder: nn.Module) -> nn.Module:
-    """Every GroupNorm (outside the attention blocks, as in the split decoders) replaced by nn.Identity."""
+    """Every GroupNorm (+activation) module replaced by its activation alone (_Act)."""
     for name, child in list(decoder.named_children()):
         if isinstance(child, nn.GroupNorm):
-            setattr(decoder, name, nn.Identity())
-        elif type(child).__name__ != "Attention":
+            setattr(decoder, name, _Act(child))
+        else:
             _without_group_norm(child)
     return decoder
 
@@ -173,9 +206,13 @@ def _worker(rank, world, init, args, q):
     z = torch.randn(1, 4, lat, lat, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     h = lat // world
     mine = z[:, :, rank * h:(rank + 1) * h]
+    import groupnorm_ext
+
     single = copy.deepcopy(dec) if rank == 0 else None
-    split = {"gnext": parallelize_decoder(copy.deepcopy(dec)), "allgather": parallelize_decoder(copy.deepcopy(dec),
-                                                                                                   norm="allgather")}
+    # gnext's variants fuse GroupNorm+SiLU (convert_group_norm_act) before the split: the split keeps the activation.
+    fused = groupnorm_ext.convert_group_norm_act(copy.deepcopy(dec))
+    split = {"gnext": parallelize_decoder(copy.deepcopy(fused)),
+             "allgather": parallelize_decoder(copy.deepcopy(dec), norm="allgather")}
     res = {}
     with torch.no_grad():
         outs = {}
@@ -195,13 +232,11 @@ def _worker(rank, world, init, args, q):
             res.update(_group_norm_bytes(single, z, world))
         del outs
         if not args.check:
-            import groupnorm_ext
-
-            split["none"] = parallelize_decoder(copy.deepcopy(dec), norm="none")
+            split["gnext_nocheck"] = parallelize_decoder(copy.deepcopy(fused), norm="gnext_nocheck")
+            split["none"] = parallelize_decoder(copy.deepcopy(fused), norm="none")
             singles = {}
             if rank == 0:
-                singles = {"eager": single, "gnext": groupnorm_ext.convert_group_norm_act(copy.deepcopy(single)),
-                           "none": _without_group_norm(copy.deepcopy(single))}
+                singles = {"eager": single, "gnext": copy.deepcopy(fused), "none": _without_group_norm(fused)}
             del dec
             # Rounds in a random order (the same on every rank): each split variant on all ranks, then rank 0
             # alone decodes the whole image with each single-GPU variant while the others wait.
@@ -250,13 +285,14 @@ def _report(r: dict, args) -> None:
     print("| variant | median ms | min-max ms | peak GB (rank 0) |\n|---|---:|---:|---:|")
     for k, v in t.items():
         print(f"| {k} | {med[k]:.1f} | {min(v):.1f}-{max(v):.1f} | {r['peak_GB'][k]:.1f} |")
-    share = lambda a, b: 1 - med[b] / med[a]  # noqa: E731
+    share = lambda a, b: 1 - med[b] / med[a]  # noqa: E731  (b: the same decode without its GroupNorms)
     ratios = [a / b for a, b in zip(t["single_gnext"], t["split_gnext"])]
     print(f"speedup of the split decode over one GPU (gnext GroupNorm both): {med['single_gnext'] / med['split_gnext']:.2f}x "
           f"(per round {min(ratios):.2f}-{max(ratios):.2f}); over one GPU eager: "
           f"{med['single_eager'] / med['split_gnext']:.2f}x")
     print(f"GroupNorm's share of the decode: one GPU (gnext) {share('single_gnext', 'single_none'):.1%}, split gnext "
-          f"{share('split_gnext', 'split_none'):.1%}, split all-gather {share('split_allgather', 'split_none'):.1%}; "
+          f"{share('split_gnext', 'split_none'):.1%} (check=False: {share('split_gnext_nocheck', 'split_none'):.1%}), "
+          f"split all-gather {share('split_allgather', 'split_none'):.1%}; "
           f"split all-gather / split gnext: {med['split_allgather'] / med['split_gnext']:.2f}x")
 
 

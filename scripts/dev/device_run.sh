@@ -27,7 +27,7 @@ python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cud
 left() { echo $((BUDGET_S - SECONDS)); }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 if has deps; then  # benchmark-only packages carried as wheels in .whl/ (no network there)
-  pip install -q --no-deps --no-index .whl/*.whl > "$OUT/deps.log" 2>&1; echo "deps rc=$?"
+  python3 -m pip install -q --no-deps --no-index .whl/*.whl > "$OUT/deps.log" 2>&1; echo "deps rc=$?"
 fi
 if has build; then
   t0=$SECONDS
@@ -112,12 +112,17 @@ if has kernels; then
 fi
 if has dist; then  # every GPU of the host: the NCCL tests, one GroupNorm layer split over them, the split decode
   t0=$SECONDS
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_distributed.py tests/test_split_ops.py \
-    > "$OUT/pytest_dist.log" 2>&1
-  echo "distributed tests rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest_dist.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/pytest_dist.log" | head -10
-  timeout 180 python3 scripts/bench/distributed_gn.py --json "$OUT/distributed_gn.json" > "$OUT/distributed_gn.log" 2>&1
-  echo "distributed_gn rc=$?"; grep -v Warn "$OUT/distributed_gn.log" | tail -12
+  if [ -z "${DIST_BENCH_ONLY:-}" ]; then
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_distributed.py tests/test_split_ops.py \
+      > "$OUT/pytest_dist.log" 2>&1
+    echo "distributed tests rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest_dist.log")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_dist.log" | head -10
+    for shape in ${DIST_SHAPES:-1,128,4096,4096 1,512,512,512}; do
+      timeout 180 python3 scripts/bench/distributed_gn.py --shape "$shape" --json "$OUT/distributed_gn_$shape.json" \
+        > "$OUT/distributed_gn_$shape.log" 2>&1
+      echo "distributed_gn $shape rc=$?"; grep -v Warn "$OUT/distributed_gn_$shape.log" | tail -14
+    done
+  fi
   for size in ${DECODE_SIZES:-2048 4096}; do
     timeout $(( $(left) - 10 )) python3 scripts/bench/parallel_decode.py --size "$size" --rounds "${ROUNDS:-5}" \
       --json "$OUT/parallel_decode_$size.json" > "$OUT/parallel_decode_$size.log" 2>&1
