@@ -34,8 +34,11 @@ STABLE_TORCH_LIBRARY(gnext, m) {
   m.def(
       "group_norm_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " Tensor? bias, int num_groups, str activation, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
-  // GroupNorm statistics alone: mean and rstd = 1/sqrt(var + eps) per (n, g), (N, G) float32.
-  m.def("group_norm_stats(Tensor input, int num_groups, float eps) -> (Tensor mean, Tensor rstd)");
+  // Moments of a shard of a tensor split over ranks: (3, N, G) float64 (count, mean, M2) per (n, g), the input
+  // read once; and Chan's merge of the ranks' moments gathered into (world, 3, N, G): mean, rstd = 1/sqrt(M2/count +
+  // eps) (N, G) float32 and count (N, G) float64.
+  m.def("group_norm_moments(Tensor input, int num_groups) -> Tensor");
+  m.def("group_norm_moments_merge(Tensor moments, float eps) -> (Tensor mean, Tensor rstd, Tensor count)");
   // The normalize pass from given statistics (mean, rstd (N, G) float32, e.g. merged across the ranks holding
   // shards of one tensor): out = act((input - mean) * rstd * weight + bias) + residual.
   m.def(

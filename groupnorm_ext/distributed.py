@@ -10,7 +10,7 @@ sum dy'*xhat, dy' = dy*act'*gamma) together with the per-channel dweight/dbias p
 nn.GroupNorm (+activation) of the gathered tensor (Wu & He 2018), forward and backward.
 
 The passes over the shard are gnext's two-pass kernels, split at the statistics into ops of their own
-(torch.ops.gnext.group_norm_stats, group_norm_act_apply and its two backward pieces): the data is read and
+(torch.ops.gnext.group_norm_moments(_merge), group_norm_act_apply and its two backward pieces): the data is read and
 written as often as by the single-GPU two-pass plan, and only the statistics cross the ranks."""
 from __future__ import annotations
 
@@ -36,16 +36,25 @@ _gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather
 
 
 def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
-    """(world, *t.shape): every rank's t, through torch.distributed's functional collectives (traceable)."""
-    pg: Any = group if group is not None else dist.group.WORLD
-    out = _gather_single(t.contiguous().view(1, -1), 0, pg)
-    return funcol.wait_tensor(out).view(_world(group), *t.shape)
+    """(world, *t.shape): every rank's t. Eager: torch.distributed's all_gather_into_tensor; under tracing, its
+    functional collective (the same NCCL/gloo call, traceable)."""
+    world = _world(group)
+    if torch.compiler.is_compiling():
+        pg: Any = group if group is not None else dist.group.WORLD
+        out = funcol.wait_tensor(_gather_single(t.contiguous().view(1, -1), 0, pg))
+        return out.view(world, *t.shape)
+    out = t.new_empty(world * t.numel())
+    dist.all_gather_into_tensor(out, t.contiguous().view(-1), group=group)
+    return out.view(world, *t.shape)
 
 
 def _all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
-    pg: Any = group if group is not None else dist.group.WORLD
-    out = funcol.all_reduce(t, "sum", pg)
-    return funcol.wait_tensor(out)
+    if torch.compiler.is_compiling():
+        pg: Any = group if group is not None else dist.group.WORLD
+        return funcol.wait_tensor(funcol.all_reduce(t, "sum", pg))
+    t = t.contiguous()
+    dist.all_reduce(t, group=group)
+    return t
 
 
 def _check_args(x, num_groups, weight, bias, activation, residual, dim):
@@ -87,24 +96,10 @@ def _check_shards(x, num_groups, dim, group):
 
 
 def _merged_stats(x, num_groups, eps, group):
-    """Global mean and rstd (N, G) float32 by Chan's merge of every rank's (count, mean, M2), and the global
-    count per group (N, G) float64."""
-    N = x.shape[0]
-    count = x.numel() // (N * num_groups)
-    if count > 0:
-        # eps = 0: rstd = 1/sqrt(var) of the shard, so var = 1/rstd^2 (a constant group: rstd = inf, var = 0).
-        mean, rstd = ops.group_norm_stats(x, num_groups, 0.0)
-        var = rstd.double().pow(-2)
-        mean = mean.double()
-    else:
-        mean = var = torch.zeros(N, num_groups, dtype=torch.float64, device=x.device)
-    mine = torch.stack([torch.full_like(mean, float(count)), mean, var * count])  # (3, N, G)
-    n_i, mean_i, m2_i = _all_gather(mine, group).unbind(1)  # (world, N, G) each
-    n = n_i.sum(0)
-    mu = (n_i * mean_i).sum(0) / n
-    m2 = (m2_i + n_i * (mean_i - mu) ** 2).sum(0)
-    rstd = torch.rsqrt(m2 / n + eps)
-    return mu.float(), rstd.float(), n
+    """Global mean and rstd (N, G) float32 and count per group (N, G) float64: every rank's (count, mean, M2) of its
+    shard, all-gathered, merged by Chan's formula."""
+    moments = _all_gather(ops.group_norm_moments(x, num_groups), group)  # (world, 3, N, G)
+    return ops.group_norm_moments_merge(moments, eps)
 
 
 class _SpatialGroupNorm(torch.autograd.Function):

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The GroupNorm split at its statistics (torch.ops.gnext.group_norm_stats, group_norm_act_apply and its two backward
+"""The GroupNorm split at its statistics (torch.ops.gnext.group_norm_moments(_merge), group_norm_act_apply and its two backward
 pieces, the passes of groupnorm_ext.distributed), on one process: a tensor cut into shards along H, each shard's
 pieces run on its own and the statistics / sums combined as the distributed op combines them, against float64
 GroupNorm (+activation, +residual) of the whole tensor and its autograd gradients."""
@@ -57,22 +57,14 @@ def test_split_matches_whole(device, dtype, shape, G, act):
     shards = [(slice(lo, hi),) for lo, hi in zip(cuts[:-1], cuts[1:])]
     pick = lambda t, s: t[(slice(None), slice(None)) + s]  # noqa: E731
 
-    # Forward: per-shard statistics (eps = 0) merged by Chan's formula, then the apply pass per shard.
+    # Forward: per-shard moments, gathered and merged by Chan's formula, then the apply pass per shard.
     N = shape[0]
-    n_tot = torch.zeros(N, G, dtype=torch.float64, device=device)
-    parts = []
+    moments = []
     for s in shards:
-        xs = pick(x, s)
-        cnt = xs.numel() // (N * G)
-        if cnt == 0:
-            continue
-        poison(device, xs.numel() * 8)
-        mean, rstd = ops.group_norm_stats(xs, G, 0.0)
-        parts.append((cnt, mean.double(), rstd.double().pow(-2) * cnt))
-        n_tot += cnt
-    mu = sum(c * m for c, m, _ in parts) / n_tot
-    m2 = sum(q + c * (m - mu) ** 2 for c, m, q in parts)
-    mean, rstd = mu.float(), torch.rsqrt(m2 / n_tot + EPS).float()
+        poison(device, pick(x, s).numel() * 8)
+        moments.append(ops.group_norm_moments(pick(x, s), G))
+    mean, rstd, n_tot = ops.group_norm_moments_merge(torch.stack(moments), EPS)
+    assert n_tot.dtype == torch.float64 and (n_tot == x[0, 0].numel() * (C // G)).all()
     outs = []
     for s in shards:
         poison(device, pick(x, s).numel() * 8)
@@ -95,18 +87,23 @@ def test_split_matches_whole(device, dtype, shape, G, act):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_stats_and_apply_layouts(device, layout):
-    """group_norm_stats / group_norm_act_apply on any layout equal group_norm_act of the same tensor, output in
-    the input's memory format."""
+def test_moments_and_apply_layouts(device, layout):
+    """group_norm_moments / group_norm_act_apply on any layout equal group_norm_act of the same tensor, output in
+    the input's memory format; the moments against float64 at a large mean."""
     gen = torch.Generator().manual_seed(7)
     shape, G, dtype = (2, 32, 12, 10), 8, torch.float16
-    x = layout_input(shape, dtype, device, layout, 1.5, -4.0, gen)
+    x = layout_input(shape, dtype, device, layout, 1.5, -400.0, gen)
     w = torch.rand(32, generator=gen).to(device) + 0.5
     b = torch.randn(32, generator=gen).to(device)
     out_ref, mean_ref, rstd_ref = ops.group_norm_act(x, G, w, b, EPS, "silu", None)
-    mean, rstd = ops.group_norm_stats(x, G, EPS)
+    m = ops.group_norm_moments(x, G)
+    xd = x.double().reshape(2, G, -1)
+    torch.testing.assert_close(m[0], torch.full((2, G), 4.0 * 120, dtype=torch.float64, device=device))
+    torch.testing.assert_close(m[1], xd.mean(-1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(m[2], xd.var(-1, correction=0) * 480, rtol=1e-4, atol=1e-4)
+    mean, rstd, count = ops.group_norm_moments_merge(m[None], EPS)
     torch.testing.assert_close(mean, mean_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rstd, rstd_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd, rstd_ref, rtol=1e-4, atol=1e-5)
     out = ops.group_norm_act_apply(x, mean, rstd, G, w, b, "silu", None)
     assert out.stride() == out_ref.stride()
     torch.testing.assert_close(out, out_ref, rtol=2e-3, atol=2e-3)
@@ -115,9 +112,11 @@ def test_stats_and_apply_layouts(device, layout):
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors(device):
     x = torch.randn(2, 8, 4, 4, device=device)
-    mean, rstd = ops.group_norm_stats(x, 4, EPS)
+    mean, rstd, _ = ops.group_norm_moments_merge(ops.group_norm_moments(x, 4)[None], EPS)
     with pytest.raises(RuntimeError, match="num_channels C=8 must be divisible by num_groups=3"):
-        ops.group_norm_stats(x, 3, EPS)
+        ops.group_norm_moments(x, 3)
+    with pytest.raises(RuntimeError, match="moments must be \\(world, 3, N, G\\) float64"):
+        ops.group_norm_moments_merge(torch.zeros(1, 2, 2, 4, dtype=torch.float64, device=device), EPS)
     with pytest.raises(RuntimeError, match="mean must be float32"):
         ops.group_norm_act_apply(x, mean.double(), rstd, 4, None, None, "silu", None)
     with pytest.raises(RuntimeError, match="rstd must have N\\*G=8 elements"):

@@ -491,10 +491,33 @@ Tensor group_norm_backward_apply_cuda_pre(const char* op, const Tensor& grad_out
   return dx;
 }
 
-std::tuple<Tensor, Tensor> group_norm_stats_op_cuda(const Tensor& input, int64_t num_groups, double eps) {
-  const Problem s = check_group_norm_args("gnext.group_norm_stats", input, num_groups, std::nullopt, std::nullopt);
+Tensor group_norm_moments_cuda(const Tensor& input, int64_t num_groups) {
+  const Problem s = check_group_norm_args("gnext.group_norm_moments", input, num_groups, std::nullopt, std::nullopt);
   DeviceGuard guard(input);
-  return group_norm_stats_cuda(dense_input(input), s, Tensor(), eps);
+  Tensor out = empty_on(input, {3, s.N, s.G}, ScalarType::Double);
+  if (input.numel() == 0) {
+    fill(out, 0.0);
+    return out;
+  }
+  const auto [mean, rstd] = group_norm_stats_cuda(dense_input(input), s, Tensor(), 0.0);
+  GNEXT_CUDA_CHECK(gn::launch_pack_moments(ptr<float>(mean), ptr<float>(rstd), s.D * s.HxW, ptr<double>(out),
+                                         s.N * s.G, current_stream(input)));
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor> group_norm_moments_merge_cuda(const Tensor& moments, double eps) {
+  constexpr const char* op = "gnext.group_norm_moments_merge";
+  GNEXT_CHECK(moments.dim() == 4 && moments.size(1) == 3 && moments.scalar_type() == ScalarType::Double, op,
+              ": moments must be (world, 3, N, G) float64, got shape ", shape(moments), " ", moments.scalar_type());
+  DeviceGuard guard(moments);
+  const Tensor m = contig(moments);
+  const int64_t N = m.size(2), G = m.size(3);
+  Tensor mean = empty_on(m, {N, G}, ScalarType::Float);
+  Tensor rstd = empty_on(m, {N, G}, ScalarType::Float);
+  Tensor count = empty_on(m, {N, G}, ScalarType::Double);
+  GNEXT_CUDA_CHECK(gn::launch_merge_moments(ptr<double>(m), m.size(0), N * G, static_cast<float>(eps), ptr<float>(mean),
+                                          ptr<float>(rstd), ptr<double>(count), current_stream(m)));
+  return {mean, rstd, count};
 }
 
 namespace {
@@ -517,7 +540,8 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
 STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
   m.impl("group_norm", TORCH_BOX(&group_norm_cuda));
   m.impl("group_norm_backward", TORCH_BOX(&group_norm_backward_cuda));
-  m.impl("group_norm_stats", TORCH_BOX(&group_norm_stats_op_cuda));
+  m.impl("group_norm_moments", TORCH_BOX(&group_norm_moments_cuda));
+  m.impl("group_norm_moments_merge", TORCH_BOX(&group_norm_moments_merge_cuda));
 }
 
 }  // namespace gnext

@@ -130,6 +130,58 @@ cudaError_t launch_coef(ScalarKind wt, const Problem& p, const float* mean, cons
   });
 }
 
+// (count, mean, M2) per (n, g) in float64 from a shard's mean and rstd (eps = 0: M2 = count / rstd^2, 0 for a
+// constant group's rstd = inf).
+__global__ void pack_moments_kernel(const float* __restrict__ mean, const float* __restrict__ rstd, double count,
+                                    double* __restrict__ out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const double r = rstd[i];
+  out[i] = count;
+  out[n + i] = count > 0 ? static_cast<double>(mean[i]) : 0.0;
+  out[2 * n + i] = count > 0 ? count / (r * r) : 0.0;
+}
+
+cudaError_t launch_pack_moments(const float* mean, const float* rstd, int64_t count, double* out, int64_t n,
+                                cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  pack_moments_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(mean, rstd,
+                                                                                 static_cast<double>(count), out, n);
+  return cudaGetLastError();
+}
+
+// Chan's merge over the `world` shards' (count, mean, M2) of each (n, g), in float64: mean = sum c_i m_i / c,
+// M2 = sum M2_i + c_i (m_i - mean)^2 (no cancellation at large means).
+__global__ void merge_moments_kernel(const double* __restrict__ m, int64_t world, int64_t n, float eps,
+                                     float* __restrict__ mean, float* __restrict__ rstd, double* __restrict__ count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  double c = 0, s = 0;
+  for (int64_t w = 0; w < world; ++w) {
+    const double* q = m + w * 3 * n;
+    c += q[i];
+    s += q[i] * q[n + i];
+  }
+  const double mu = s / c;
+  double m2 = 0;
+  for (int64_t w = 0; w < world; ++w) {
+    const double* q = m + w * 3 * n;
+    const double d = q[n + i] - mu;
+    m2 += q[2 * n + i] + q[i] * d * d;
+  }
+  mean[i] = static_cast<float>(mu);
+  rstd[i] = static_cast<float>(1.0 / sqrt(m2 / c + static_cast<double>(eps)));
+  count[i] = c;
+}
+
+cudaError_t launch_merge_moments(const double* moments, int64_t world, int64_t n, float eps, float* mean,
+                                 float* rstd, double* count, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  merge_moments_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(moments, world, n, eps, mean,
+                                                                                  rstd, count);
+  return cudaGetLastError();
+}
+
 template <typename From, typename To>
 __global__ void cast_stats_kernel(const From* __restrict__ mean, const From* __restrict__ rstd, To* __restrict__ mean_out,
                                   To* __restrict__ rstd_out, int64_t n) {

@@ -250,6 +250,13 @@ cudaError_t launch_finalize_backward(ScalarKind wt, const Problem& p, const Part
 // means of gamma*dy*(x - mean) and gamma*dy over the whole tensor: (mean, -rstd^3 gsum.x, rstd*gamma, -rstd gsum.y).
 cudaError_t launch_coef(ScalarKind wt, const Problem& p, const float* mean, const float* rstd, const void* gamma,
                         const void* beta, const float* gsum, float* coef, cudaStream_t stream);
+// Moments of shards of one tensor (groupnorm_ext.distributed), float64 (3, n) = (count, mean, M2) per (n, g):
+// packed from a shard's mean / rstd (eps = 0) and its count per group; merged over `world` such blocks
+// (world, 3, n) by Chan's formula into mean, rstd = 1/sqrt(M2/count + eps) (float32) and count (float64).
+cudaError_t launch_pack_moments(const float* mean, const float* rstd, int64_t count, double* out, int64_t n,
+                                cudaStream_t stream);
+cudaError_t launch_merge_moments(const double* moments, int64_t world, int64_t n, float eps, float* mean,
+                                 float* rstd, double* count, cudaStream_t stream);
 // dgamma/dbeta (either may be null) of type pt from dsum.
 cudaError_t launch_gamma_beta_backward(ScalarKind pt, const Problem& p, const float* dsum, const float* rstd,
                                        void* dgamma, void* dbeta, cudaStream_t stream);

@@ -90,6 +90,17 @@ def _worker(rank, world, init, args, q):
             base = torch.cuda.memory_allocated()
             out[name] = {"ms": event_ms(fn, args.reps, across_ranks=True)}
             out[name]["peak_extra_MB"] = (torch.cuda.max_memory_allocated() - base) / 1e6
+        if args.profile and rank == 0:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    variants["gnext distributed"]()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
+        elif args.profile:
+            for _ in range(5):
+                variants["gnext distributed"]()
         got = variants["gnext distributed"]()
         parts = [torch.empty(N, C, r, W, device="cuda", dtype=dtype) for r in rows]
         dist.all_gather(parts, got.contiguous())
@@ -114,6 +125,7 @@ def main():
     p.add_argument("--dtype", default="float16")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--profile", action="store_true", help="rank 0's torch.profiler table of 5 forward calls")
     args = p.parse_args()
     args.shape = [int(v) for v in args.shape.split(",")]
     ctx = mp.get_context("spawn")

@@ -118,9 +118,10 @@ if has dist; then  # every GPU of the host: the NCCL tests, one GroupNorm layer 
     echo "distributed tests rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest_dist.log")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_dist.log" | head -10
     for shape in ${DIST_SHAPES:-1,128,4096,4096 1,512,512,512}; do
-      timeout 180 python3 scripts/bench/distributed_gn.py --shape "$shape" --json "$OUT/distributed_gn_$shape.json" \
-        > "$OUT/distributed_gn_$shape.log" 2>&1
-      echo "distributed_gn $shape rc=$?"; grep -v Warn "$OUT/distributed_gn_$shape.log" | tail -14
+      name=distributed_gn_${shape//,/x}
+      timeout 180 python3 scripts/bench/distributed_gn.py --shape "$shape" --json "$OUT/$name.json" \
+        ${DIST_PROFILE:+--profile} > "$OUT/$name.log" 2>&1
+      echo "distributed_gn $shape rc=$?"; grep -v Warn "$OUT/$name.log" | tail -14
     done
   fi
   for size in ${DECODE_SIZES:-2048 4096}; do
