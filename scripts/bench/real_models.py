@@ -11,6 +11,9 @@ training steps. Rows (random weights, real image input from skimage.data.astrona
                                 2x77x768 text states: inference
   bit-train-bf16                timm resnetv2_50x1_bit (GroupNormAct layers), bf16, batch 32 of 224x224: one
                                 training step
+  hunyuan-video-fp16            diffusers AutoencoderKLHunyuanVideo decoder (its default layout: 5-D causal conv
+                                blocks, 16 latent channels), fp16, 1x16x5x64x64 random latents -> 17 frames of
+                                512x512 (the converter traces it with example_inputs: its blocks have no rule)
 
 Variants: original eager; gnext eager (groupnorm_ext.convert_group_norm_act, which also fuses diffusers'
 ResnetBlock2D pairs); gnext-aten: the original model, unedited, with groupnorm_ext.enable_aten_kernels() on
@@ -80,7 +83,7 @@ def build(row, dev, smoke):
     if row.startswith("bit"):
         import timm
     else:
-        from diffusers import AutoencoderKL, UNet2DConditionModel, UNet2DModel
+        from diffusers import AutoencoderKL, AutoencoderKLHunyuanVideo, UNet2DConditionModel, UNet2DModel
 
     torch.manual_seed(0)
     s = 8 if smoke else 1  # smoke: channel and size divisor
@@ -114,10 +117,26 @@ def build(row, dev, smoke):
         bit = timm.create_model("resnetv2_50x1_bit", pretrained=False, num_classes=1000).to(dev).train()
         n, size = (2, 64) if smoke else (32, 224)
         return bit, (image(size, n).to(dev),), torch.bfloat16, torch.contiguous_format, True
+    if row == "hunyuan-video-fp16":
+        ch = tuple(c // s for c in (128, 256, 512, 512))
+        vae = AutoencoderKLHunyuanVideo(block_out_channels=ch, norm_num_groups=32 // s).to(dev).eval()
+        z = torch.randn(1, 16, 5 if not smoke else 2, 64 // s, 64 // s, generator=torch.Generator().manual_seed(2))
+        return VideoDecoder(vae), (z.to(dev),), torch.float16, torch.contiguous_format, False
     raise ValueError(f"unknown row {row!r}")
 
 
+class VideoDecoder(torch.nn.Module):
+    def __init__(self, vae):
+        super().__init__()
+        self.decoder = vae.decoder
+
+    def forward(self, z):
+        return self.decoder(z)
+
+
 ROWS = ("vae-fp16-nchw", "vae-fp16-cl", "unet2d-train-bf16", "sd15-unet-fp16", "bit-train-bf16")
+# Rows whose blocks the converter has no rule for: it traces them (convert_group_norm_act(example_inputs=...)).
+TRACED_ROWS = ("hunyuan-video-fp16",)
 
 
 def _cast(args, dtype, fmt):
@@ -206,7 +225,8 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         ref = step_fn(model32.to(memory_format=fmt), _cast(args32, torch.float32, fmt), train)().float()
     args = _cast(args32, dtype, fmt)
     orig = copy.deepcopy(model32).to(dtype).to(memory_format=fmt)
-    conv, counts = ge.convert_group_norm_act(copy.deepcopy(orig), return_counts=True)
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(orig), return_counts=True,
+                                             example_inputs=args if row in TRACED_ROWS else None)
     fns, info = {}, {"converted": counts}
     # gnext-aten: the unedited model while gnext's kernels serve aten::native_group_norm(_backward); switched
     # on around each of its calls and timings only (the switch itself is not timed).
@@ -250,6 +270,15 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
     iters = {v: max(1, min(50, int(250 / max(timed(v, 1), 1e-3)))) for v in variants}
     if smoke:
         iters = dict.fromkeys(variants, 1)
+    peak = {}
+    if dev == "cuda":  # torch.cuda.max_memory_allocated over one call of each variant (weights and inputs included)
+        for v in variants:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            with aten_on[v]():
+                fns[v]()
+            torch.cuda.synchronize()
+            peak[v] = torch.cuda.max_memory_allocated() / 2**30
     times, orders = {v: [] for v in variants}, []
     rng = random.Random(0)
     for r in range(rounds):
@@ -266,7 +295,7 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
            "train": train, "iters_per_timing": iters, **info,
            "ms": {v: statistics.median(times[v]) for v in variants},
            "ms_min": {v: min(times[v]) for v in variants}, "ms_max": {v: max(times[v]) for v in variants},
-           "ms_rounds": times, "orders": orders,
+           "ms_rounds": times, "orders": orders, "peak_GiB": peak,
            "rel_diff_vs_fp32": {v: rel(outs[v].float(), ref) for v in variants}}
     del fns, orig, conv
     torch._dynamo.reset()
@@ -285,6 +314,7 @@ def write(out_dir, meta, rows, name="real_models"):
     have = [v for v in VARIANTS if any(v in r["ms"] for r in rows)]
     fusion = "compile+fusion" in have and "compile" in have
     head = [LABELS[v] for v in have] + (["fusion vs compile", "rewrites"] if fusion else [])
+    head += [f"peak GiB: {' / '.join(have)}"]
     lines = [f"{meta['device']} · torch {meta['torch']} · {meta['date']} · {meta['timing']}", "",
              "| model | " + " | ".join(head) + f" | rel diff vs fp32: {' / '.join(have)} |",
              "|---|" + "---:|" * len(head) + "---|"]
@@ -301,6 +331,8 @@ def write(out_dir, meta, rows, name="real_models"):
         if fusion:
             both = "compile" in ms and "compile+fusion" in ms
             cells += [f"{ms['compile'] / ms['compile+fusion']:.2f}x" if both else "–", str(r["fusion_rewrites"])]
+        pk = r.get("peak_GiB") or {}
+        cells += [" / ".join(f"{pk[v]:.2f}" if v in pk else "–" for v in have)]
         d = r["rel_diff_vs_fp32"]
         lines.append(f"| {r['row']} | " + " | ".join(cells) + " | "
                      + " / ".join(f"{d[v]:.1e}" if v in d else "–" for v in have) + " |")
@@ -370,7 +402,7 @@ def merge(files, wanted):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rows", default=",".join(ROWS), help=f"of {','.join(ROWS + TRACED_ROWS)}")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=str(ROOT / "bench_out"))
     p.add_argument("--name", default="real_models")
