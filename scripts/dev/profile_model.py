@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT))
 import groupnorm_ext as ge  # noqa: E402
 from groupnorm_ext import compile_fusion  # noqa: E402
-from real_models import _cast, build, compile_fusion_variant, no_caches, step_fn, wall_ms  # noqa: E402
+from real_models import TRACED_ROWS, _cast, build, compile_fusion_variant, no_caches, step_fn, wall_ms  # noqa: E402
 
 # Kernel families by name (CUDA kernels of gnext, cuDNN/CUTLASS, aten, Inductor's Triton kernels).
 FAMILIES = (("norm", ("group_norm", "groupnorm", "gnext", "onepass", "welford", "var_mean")),
@@ -128,7 +128,8 @@ def main():
     model32, inputs32, dtype, fmt, train = build(args.row, "cuda", False)
     inputs = _cast(inputs32, dtype, fmt)
     orig = copy.deepcopy(model32).to(dtype).to(memory_format=fmt)
-    conv, counts = ge.convert_group_norm_act(copy.deepcopy(orig), return_counts=True)
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(orig), return_counts=True,
+                                             example_inputs=inputs if args.row in TRACED_ROWS else None)
     print(f"converted: {counts}")
     if args.compiled:
         torch._dynamo.reset()
