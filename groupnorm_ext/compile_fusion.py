@@ -94,9 +94,8 @@ def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
     """The rule. Always: floating input of 3-5 dims, output of the input's dtype (not under autocast,
     which computes GroupNorm in float32), weight/bias of the input's dtype or float32. For
     when="auto" also: an inference graph (the output needs no grad: traced under no_grad or from
-    inputs and parameters that need none), a CUDA tensor of
-    3-D or 4-D (gnext's 5-D schedule is not yet as fast as Inductor's) with at least _MIN_NUMEL
-    elements (or a dynamic shape).
+    inputs and parameters that need none), a CUDA tensor with at least _MIN_NUMEL elements (or a dynamic shape),
+    3-D to 5-D (video VAEs: docs/decisions/compile-fusion.md).
 
     Why inference only: measured on the H100, Inductor's own training
     graphs beat the rewritten ones: diffusers UNet2DModel bf16 training step 44.7 ms compiled vs 46.9
@@ -112,7 +111,7 @@ def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
     if y.requires_grad:  # traced with grad mode on and a differentiable input: a training graph
         return False
     n = _static_numel(x)
-    return x.device.type == "cuda" and x.dim() <= 4 and (n is None or n >= _MIN_NUMEL)
+    return x.device.type == "cuda" and (n is None or n >= _MIN_NUMEL)
 
 
 def _rewrite(graph: torch.fx.Graph, when: str) -> int:

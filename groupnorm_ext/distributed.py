@@ -3,11 +3,11 @@
 gloo on CPUs): each rank holds a shard of one image or video along a spatial dim (rows of H, frames of T), and
 every GroupNorm needs the statistics of the whole tensor.
 
-Forward: per-shard float32 statistics per (n, g) (count, mean, M2), one all-gather of those N*G*3 numbers (a few
-KB, not the activation), Chan's merge in float64 (exact for uneven shards), then the normalize (+activation,
-+residual) pass on the shard. Backward: one all-reduce of the two per-(n, g) sums that dx needs (sum dy' and
-sum dy'*xhat, dy' = dy*act'*gamma) together with the per-channel dweight/dbias partials. The result equals
-nn.GroupNorm (+activation) of the gathered tensor (Wu & He 2018), forward and backward.
+Forward: per-shard moments per (n, g) (count, mean, M2), one all-gather of those N*G*3 float64 (a few KB, not the
+activation), Chan's merge in float64 (exact for uneven shards), then the normalize (+activation, +residual) pass on
+the shard. Backward: one all-reduce of the per-channel sums (sum dy'*(x - mean), sum dy'), dy' = dL/dout * act',
+from which dx, dweight and dbias follow. The result equals nn.GroupNorm (+activation) of the gathered tensor
+(Wu & He 2018), forward and backward.
 
 The passes over the shard are gnext's two-pass kernels, split at the statistics into ops of their own
 (torch.ops.gnext.group_norm_moments(_merge), group_norm_act_apply and its two backward pieces): the data is read and
@@ -151,13 +151,14 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None
     averaged across that group as usual (averaging the identical values of one spatial group changes nothing).
 
     Communication per call: forward, one all-gather of N*G*3 float64 (and, with ``check``, one of 14 int64);
-    backward, one all-reduce of N*C*2 float32. The residual must have the input's dtype. ``check=True`` (eager default) compares the shards' N, C,
-    num_groups, dtype, ndim and non-split sizes across ranks on the host first: one host synchronization.
+    backward, one all-reduce of N*C*2 float32. ``check=True`` (eager default) compares the shards' N, C,
+    num_groups, dtype, ndim and non-split sizes across ranks on the host first: one host synchronization per call.
     Pass ``check=False`` under CUDA graphs or when the shapes are known to agree.
 
     Raises:
         ValueError: C % num_groups != 0, a bad ``dim``, weight/bias not ``(C,)`` on the input's device, an unknown
-            activation, a residual of another shape, or (``check``) shards that differ across ranks: on every rank.
+            activation, a residual of another shape, dtype or device, or (``check``) shards that differ across
+            ranks: on every rank.
         TypeError: an integer or float64 input.
     """
     activation = activation or "identity"

@@ -144,7 +144,8 @@ def test_auto_rule():
         cuda = torch.empty(1, 128, 256, 256, dtype=torch.float16, device="cuda")
         small = torch.empty(2, 8, 4, 4, dtype=torch.float16, device="cuda")
         sd_unet = torch.empty(2, 320, 64, 64, dtype=torch.float16, device="cuda")  # below _MIN_NUMEL
-        five_d = torch.empty(2, 64, 4, 32, 32, dtype=torch.float16, device="cuda")
+        five_d = torch.empty(2, 64, 4, 32, 32, dtype=torch.float16, device="cuda")  # below _MIN_NUMEL
+        video = torch.empty(1, 128, 17, 256, 256, dtype=torch.float16, device="cuda")
         train = torch.empty(1, 128, 256, 256, dtype=torch.float16, device="cuda", requires_grad=True) * 1
         w64 = torch.empty(64, dtype=torch.float64, device="cuda")
     cpu = torch.empty(2, 64, 32, 32, device="meta")
@@ -153,6 +154,7 @@ def test_auto_rule():
     assert not rule(small, small, (None, None), "auto") and rule(small, small, (None, None), "always")
     assert not rule(sd_unet, sd_unet, (None, None), "auto") and rule(sd_unet, sd_unet, (None, None), "always")
     assert not rule(five_d, five_d, (None, None), "auto") and rule(five_d, five_d, (None, None), "always")
+    assert rule(video, video, (None, None), "auto")
     assert not rule(cuda, train, (None, None), "auto") and rule(cuda, train, (None, None), "always")
     assert not rule(cpu, cpu, (None, None), "auto") and rule(cpu, cpu, (None, None), "always")
     assert not rule(cuda, cuda.float(), (None, None), "always")  # autocast: output in float32
