@@ -135,10 +135,13 @@ def main():
                            join=True, start_method="spawn")
     r = q.get()
     if args.json:
+        import datetime
         import json
 
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.json, "w") as f:
-            json.dump(r, f, indent=1)
+            json.dump({"meta": {"device": f"{r['device']} x{r['world']}", "torch": r["torch"], "date": date}, **r},
+                      f, indent=1)
     print(f"{r['device']} x{r['world']}, torch {r['torch']}, {r['shape']} {r['dtype']} split along H as {r['rows']}:")
     print("| variant | ms per layer (slowest rank) | peak extra MB (rank 0) |\n|---|---:|---:|")
     for name, v in r["variants"].items():

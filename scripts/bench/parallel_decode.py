@@ -317,10 +317,14 @@ def main():
     args.size = args.size or (64 if args.check else 2048)
     r = run(args)
     if args.json:
+        import datetime
         import json
 
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        meta = {"device": f"{r.get('device', 'cpu')} x{args.gpus}", "torch": r.get("torch", torch.__version__),
+                "date": date}
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), **r}, f, indent=1)
+            json.dump({"meta": meta, "args": vars(args), **r}, f, indent=1)
     _report(r, args)
 
 
