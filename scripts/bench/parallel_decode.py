@@ -1,19 +1,22 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""A diffusers AutoencoderKL decoder split by rows of H over the ranks of a process group (one image per call):
-every GroupNorm becomes groupnorm_ext.distributed.SpatialGroupNorm (exact whole-tensor statistics, a few KB per
-layer), every 3x3 convolution exchanges one halo row with its neighbours (halo_exchange: an all-gather of each
-rank's first and last rows only), and the mid-block attention takes its queries from this rank's rows and its
-keys and values from every row (an all-gather of the normalized latent-resolution tensor). Upsampling is local.
+"""A VAE decoder split by rows of H over the ranks of a process group (one image or video per call): diffusers'
+AutoencoderKL (--model image) or HunyuanVideo's 5-D causal decoder (--model video). Every GroupNorm becomes
+groupnorm_ext.distributed.SpatialGroupNorm (exact whole-tensor statistics, a few KB per layer); every convolution
+with padding along H takes halo rows from its neighbours (halo_exchange: an all-gather of each rank's first and last
+rows only; the causal 3D convolutions' replicate padding repeats the image's own edge rows); the mid-block attention
+takes its queries from this rank's rows and its keys and values from every row (an all-gather of the normalized
+latent-resolution tensor; causal over frames for the video decoder). Upsampling (nearest) is local.
 
-    python scripts/bench/parallel_decode.py --check              # 2 CPU processes, gloo, a small random decoder
-    python scripts/bench/parallel_decode.py --size 2048 --gpus 2  # NCCL: one GPU against the split decode
+    python scripts/bench/parallel_decode.py --check [--model video]   # 2 CPU processes, gloo, a small decoder
+    python scripts/bench/parallel_decode.py --size 2048 --gpus 2       # NCCL: one GPU against the split decode
+    python scripts/bench/parallel_decode.py --model video --size 512 --frames 17 --gpus 2
 
 Compared in one run: the split decode with gnext's SpatialGroupNorm, the split decode with the all-gather approach
 (AllGatherGroupNorm), and one GPU decoding the whole image (eager GroupNorm, and converted to gnext). --check (gloo)
 compares the split decodes with the one-process decode (max abs difference, PSNR). The GPU run adds, in rounds of
 a random order: wall time per decode (the slowest rank), the speedup over one GPU, GroupNorm's share of the decode
-(against the same decode with every GroupNorm(+activation) module replaced by its activation alone), bytes exchanged per GroupNorm layer, peak
-memory per GPU. Random weights of the SD VAE's shape (no download)."""
+(against the same decode with every GroupNorm(+activation) module replaced by its activation alone), bytes
+exchanged per GroupNorm layer, peak memory per GPU. Random weights of the models' shapes (no download)."""
 from __future__ import annotations
 
 import argparse
@@ -33,17 +36,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import event_ms  # noqa: E402
 
 
-def halo_exchange(x: torch.Tensor, rows: int, group=None) -> torch.Tensor:
-    """x (N, C, h, W), this rank's rows of H, with `rows` rows of each neighbour above and below (zeros at the
-    image's top and bottom). Every rank must hold at least `rows` rows."""
+def halo_exchange(x: torch.Tensor, rows: int, group=None, dim: int = 2, edge: str = "zeros") -> torch.Tensor:
+    """x, this rank's rows along `dim`, with `rows` rows of each neighbour before and after (an all-gather of each
+    rank's first and last rows only). At the whole tensor's two ends: zeros (edge="zeros") or the end row repeated
+    (edge="replicate": replicate padding). Every rank must hold at least `rows` rows."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    edges = torch.cat([x[:, :, :rows], x[:, :, -rows:]], dim=2).contiguous()
+    n = x.shape[dim]
+    edges = torch.cat([x.narrow(dim, 0, rows), x.narrow(dim, n - rows, rows)], dim=dim).contiguous()
     everyone = [torch.empty_like(edges) for _ in range(world)]
     dist.all_gather(everyone, edges, group=group)
-    zeros = torch.zeros_like(edges[:, :, :rows])
-    above = everyone[rank - 1][:, :, rows:] if rank > 0 else zeros
-    below = everyone[rank + 1][:, :, :rows] if rank < world - 1 else zeros
-    return torch.cat([above, x, below], dim=2)
+
+    def end(first: bool) -> torch.Tensor:
+        if edge == "zeros":
+            return torch.zeros_like(edges.narrow(dim, 0, rows))
+        shape = list(x.shape)
+        shape[dim] = rows
+        return x.narrow(dim, 0 if first else n - 1, 1).expand(shape)
+
+    above = everyone[rank - 1].narrow(dim, rows, rows) if rank > 0 else end(True)
+    below = everyone[rank + 1].narrow(dim, 0, rows) if rank < world - 1 else end(False)
+    return torch.cat([above, x, below], dim=dim)
 
 
 class HaloConv2d(nn.Module):
@@ -69,13 +81,9 @@ class GatherAttention(nn.Module):
 
     def __init__(self, attn: nn.Module, group=None, norm: str = "gnext"):
         super().__init__()
-        from groupnorm_ext.distributed import convert_group_norm_spatial
-
         self.attn, self.group = attn, group
         gn = attn.group_norm
-        self.norm = (None if gn is None else AllGatherGroupNorm(gn, group) if norm == "allgather" else
-                     nn.Identity() if norm == "none" else
-                     convert_group_norm_spatial(gn, dim=2, group=group, check=norm != "gnext_nocheck"))
+        self.norm = None if gn is None else _split_norm(gn, group, norm, 2)
 
     def forward(self, hidden_states, *args, **kwargs):
         a, world = self.attn, dist.get_world_size(self.group)
@@ -97,18 +105,18 @@ class GatherAttention(nn.Module):
 
 class AllGatherGroupNorm(nn.Module):
     """The all-gather approach (sglang's parallel VAE, written here from its description): gather the whole
-    activation to every rank, eager GroupNorm of it, keep this rank's rows (equal shards)."""
+    activation to every rank, eager GroupNorm of it, keep this rank's rows along `dim` (equal shards)."""
 
-    def __init__(self, gn: nn.GroupNorm, group=None):
+    def __init__(self, gn: nn.GroupNorm, group=None, dim: int = 2):
         super().__init__()
-        self.gn, self.group = gn, group
+        self.gn, self.group, self.dim = gn, group, dim
 
     def forward(self, x):
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         parts = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
-        h = x.shape[2]
-        return self.gn(torch.cat(parts, dim=2))[:, :, rank * h:(rank + 1) * h]
+        h = x.shape[self.dim]
+        return self.gn(torch.cat(parts, dim=self.dim)).narrow(self.dim, rank * h, h)
 
 
 def parallelize_decoder(decoder: nn.Module, group=None, norm: str = "gnext") -> nn.Module:
@@ -116,7 +124,7 @@ def parallelize_decoder(decoder: nn.Module, group=None, norm: str = "gnext") -> 
     norm: "gnext" (SpatialGroupNorm), "gnext_nocheck" (the same with check=False: no host synchronization per
     layer), "allgather" (AllGatherGroupNorm) or "none" (the activation alone, _Act: not a decoder any more, for
     GroupNorm's share of the time)."""
-    from groupnorm_ext.distributed import SpatialGroupNorm, convert_group_norm_spatial
+    from groupnorm_ext.distributed import SpatialGroupNorm
 
     def walk(m):
         for name, child in list(m.named_children()):
@@ -126,9 +134,95 @@ def parallelize_decoder(decoder: nn.Module, group=None, norm: str = "gnext") -> 
                 assert child.stride == (1, 1), "the decoder has no strided convolutions"
                 setattr(m, name, HaloConv2d(child, group))
             elif isinstance(child, nn.GroupNorm) and not isinstance(child, SpatialGroupNorm):
-                setattr(m, name, AllGatherGroupNorm(child, group) if norm == "allgather" else
-                        _Act(child) if norm == "none" else
-                        convert_group_norm_spatial(child, dim=2, group=group, check=norm != "gnext_nocheck"))
+                setattr(m, name, _split_norm(child, group, norm, 2))
+            else:
+                walk(child)
+
+    walk(decoder)
+    return decoder
+
+
+def _split_norm(gn: nn.Module, group, norm: str, dim: int) -> nn.Module:
+    from groupnorm_ext.distributed import convert_group_norm_spatial
+
+    return (AllGatherGroupNorm(gn, group, dim) if norm == "allgather" else _Act(gn) if norm == "none" else
+            convert_group_norm_spatial(gn, dim=dim, group=group, check=norm != "gnext_nocheck"))
+
+
+class HaloCausalConv3d(nn.Module):
+    """diffusers' HunyuanVideoCausalConv3d (replicate padding: W and H on both sides, T causally) on a shard of rows
+    of H: the H padding is the neighbours' rows (the image's own edge rows, repeated, at its top and bottom)."""
+
+    def __init__(self, conv: nn.Module, group=None):
+        super().__init__()
+        self.conv, self.group = conv, group
+
+    def forward(self, x):
+        c = self.conv
+        w0, w1, h0, h1, t0, t1 = c.time_causal_padding
+        assert h0 == h1, "symmetric padding along H"
+        if h0:
+            x = halo_exchange(x, h0, self.group, dim=3, edge="replicate" if c.pad_mode == "replicate" else "zeros")
+        return c.conv(F.pad(x, (w0, w1, 0, 0, t0, t1), mode=c.pad_mode))
+
+
+class SplitMidBlock3D(nn.Module):
+    """diffusers' HunyuanVideoMidBlock3D on a shard of rows of H: its resnets as they are (their convolutions and
+    GroupNorms split by parallelize_video_decoder), its attention with queries from this rank's tokens and keys and
+    values from every token (the normalized shards all-gathered, at the latent resolution), causal over frames as
+    diffusers' prepare_causal_attention_mask (a token attends to the tokens of its own and earlier frames)."""
+
+    def __init__(self, mid: nn.Module, group=None):
+        super().__init__()
+        self.resnets, self.attentions, self.group = mid.resnets, mid.attentions, group
+
+    def forward(self, x):
+        x = self.resnets[0](x)
+        for attn, resnet in zip(self.attentions, self.resnets[1:]):
+            if attn is not None:
+                x = self._attend(attn, x)
+            x = resnet(x)
+        return x
+
+    def _attend(self, a, x):
+        B, C, T, h, W = x.shape
+        xn = a.group_norm(x) if a.group_norm is not None else x  # split by parallelize_video_decoder
+        parts = [torch.empty_like(xn) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, xn.contiguous(), group=self.group)
+        full = torch.cat(parts, dim=3)
+        H = full.shape[3]
+        q = a.to_q(xn.permute(0, 2, 3, 4, 1).reshape(B, T * h * W, C))
+        kv = full.permute(0, 2, 3, 4, 1).reshape(B, T * H * W, C)
+        k, v = a.to_k(kv), a.to_v(kv)
+        d = q.shape[-1] // a.heads
+        q, k, v = (t.view(B, -1, a.heads, d).transpose(1, 2) for t in (q, k, v))
+        frame_q = torch.arange(T, device=x.device).repeat_interleave(h * W)
+        frame_k = torch.arange(T, device=x.device).repeat_interleave(H * W)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=frame_k[None, :] <= frame_q[:, None])
+        o = a.to_out[1](a.to_out[0](o.transpose(1, 2).reshape(B, T * h * W, a.heads * d)))
+        o = o.reshape(B, T, h, W, C).permute(0, 4, 1, 2, 3)
+        if a.residual_connection:
+            o = o + x
+        return o / a.rescale_output_factor
+
+
+def parallelize_video_decoder(decoder: nn.Module, group=None, norm: str = "gnext") -> nn.Module:
+    """diffusers' HunyuanVideo VAE decoder split by rows of H (dim 3 of its 5-D activations), in place: causal
+    convolutions with halo rows (HaloCausalConv3d), the mid block's attention over gathered keys (SplitMidBlock3D),
+    every GroupNorm split as `norm` says (parallelize_decoder's values, along dim 3). Upsampling (nearest) is local."""
+    from groupnorm_ext.distributed import SpatialGroupNorm
+
+    def walk(m):
+        for name, child in list(m.named_children()):
+            cls = type(child).__name__
+            if cls == "HunyuanVideoMidBlock3D":
+                new = SplitMidBlock3D(child, group)
+                setattr(m, name, new)
+                walk(new)
+            elif cls == "HunyuanVideoCausalConv3d":
+                setattr(m, name, HaloCausalConv3d(child, group))
+            elif isinstance(child, nn.GroupNorm) and not isinstance(child, SpatialGroupNorm):
+                setattr(m, name, _split_norm(child, group, norm, 3))
             else:
                 walk(child)
 
@@ -142,7 +236,10 @@ class _Act(nn.Module):
 
     def __init__(self, gn: nn.Module):
         super().__init__()
-        self.act = getattr(gn, "activation", "identity")
+        from groupnorm_ext.convert import _GatedGroupNormAct
+
+        # a norm fused through an activation gate leaves the activation to the gate
+        self.act = "identity" if isinstance(gn, _GatedGroupNormAct) else getattr(gn, "activation", "identity")
 
     def forward(self, x):
         from groupnorm_ext._cpu import apply_act
@@ -187,6 +284,30 @@ def _vae(small: bool):
                                    up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4)
 
 
+def _video_vae(small: bool):
+    import diffusers
+
+    if small:
+        return diffusers.AutoencoderKLHunyuanVideo(
+            block_out_channels=(32, 32, 32), down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+            up_block_types=("HunyuanVideoUpBlock3D",) * 3, layers_per_block=1, norm_num_groups=8,
+            latent_channels=4, temporal_compression_ratio=4, spatial_compression_ratio=4)
+    return diffusers.AutoencoderKLHunyuanVideo()  # its default layout: 16 latent channels, 8x spatial, 4x temporal
+
+
+def _model(args):
+    """(decoder, latents (whole), split dim, parallelize function) of --model."""
+    g = torch.Generator().manual_seed(1)
+    if args.model == "video":
+        vae = _video_vae(args.check)
+        lat = args.size // vae.spatial_compression_ratio
+        frames = (args.frames - 1) // vae.temporal_compression_ratio + 1
+        z = torch.randn(1, vae.config.latent_channels, frames, lat, lat, generator=g)
+        return vae.decoder, z, 3, parallelize_video_decoder
+    z = torch.randn(1, 4, args.size // 8, args.size // 8, generator=g)
+    return _vae(args.check).decoder, z, 2, parallelize_decoder
+
+
 def _worker(rank, world, init, args, q):
     import copy
     import random
@@ -198,21 +319,21 @@ def _worker(rank, world, init, args, q):
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     torch.manual_seed(0)
     dtype = torch.float32 if args.check else torch.float16
-    dec = _vae(args.check).decoder.to(device, dtype).eval()
+    dec, z, dim, parallelize = _model(args)
+    dec = dec.to(device, dtype).eval()
     with torch.no_grad():
         for p in dec.parameters():
             p.add_(torch.randn_like(p) * 0.02)
-    lat = args.size // 8
-    z = torch.randn(1, 4, lat, lat, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    h = lat // world
-    mine = z[:, :, rank * h:(rank + 1) * h]
+    z = z.to(device, dtype)
+    h = z.shape[dim] // world
+    mine = z.narrow(dim, rank * h, h)
     import groupnorm_ext
 
     single = copy.deepcopy(dec) if rank == 0 else None
-    # gnext's variants fuse GroupNorm+SiLU (convert_group_norm_act) before the split: the split keeps the activation.
-    fused = groupnorm_ext.convert_group_norm_act(copy.deepcopy(dec))
-    split = {"gnext": parallelize_decoder(copy.deepcopy(fused)),
-             "allgather": parallelize_decoder(copy.deepcopy(dec), norm="allgather")}
+    # gnext's variants fuse GroupNorm+SiLU (convert_group_norm_act; blocks without a rule by tracing) before the
+    # split: the split keeps the activation.
+    fused = groupnorm_ext.convert_group_norm_act(copy.deepcopy(dec), example_inputs=(z,))
+    split = {"gnext": parallelize(copy.deepcopy(fused)), "allgather": parallelize(copy.deepcopy(dec), norm="allgather")}
     res = {}
     with torch.no_grad():
         outs = {}
@@ -220,7 +341,7 @@ def _worker(rank, world, init, args, q):
             out = m(mine)
             parts = [torch.empty_like(out) for _ in range(world)]
             dist.all_gather(parts, out.contiguous())
-            outs[name] = torch.cat(parts, dim=2) if rank == 0 else None
+            outs[name] = torch.cat(parts, dim=dim) if rank == 0 else None
         if rank == 0:
             ref = single(z).float()
             rng = (ref.max() - ref.min()).item()
@@ -232,8 +353,8 @@ def _worker(rank, world, init, args, q):
             res.update(_group_norm_bytes(single, z, world))
         del outs
         if not args.check:
-            split["gnext_nocheck"] = parallelize_decoder(copy.deepcopy(fused), norm="gnext_nocheck")
-            split["none"] = parallelize_decoder(copy.deepcopy(fused), norm="none")
+            split["gnext_nocheck"] = parallelize(copy.deepcopy(fused), norm="gnext_nocheck")
+            split["none"] = parallelize(copy.deepcopy(fused), norm="none")
             singles = {}
             if rank == 0:
                 singles = {"eager": single, "gnext": copy.deepcopy(fused), "none": _without_group_norm(fused)}
@@ -280,7 +401,9 @@ def _report(r: dict, args) -> None:
         return
     t = {k: v for k, v in r["times_ms"].items() if v}
     med = {k: statistics.median(v) for k, v in t.items()}
-    print(f"{r['device']} x{args.gpus}, torch {r['torch']}, AutoencoderKL decoder {args.size}^2 fp16, "
+    what = (f"HunyuanVideo VAE decoder {args.frames} frames of {args.size}^2" if args.model == "video" else
+            f"AutoencoderKL decoder {args.size}^2")
+    print(f"{r['device']} x{args.gpus}, torch {r['torch']}, {what} fp16, "
           f"{args.rounds} rounds:")
     print("| variant | median ms | min-max ms | peak GB (rank 0) |\n|---|---:|---:|---:|")
     for k, v in t.items():
@@ -308,8 +431,11 @@ def run(args) -> dict:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="2 CPU processes (gloo), a small decoder, 64x64 image")
+    p.add_argument("--check", action="store_true", help="2 CPU processes (gloo), a small decoder (default 64x64)")
+    p.add_argument("--model", choices=("image", "video"), default="image",
+                   help="image: AutoencoderKL (4-D, split along H); video: HunyuanVideo's (5-D, split along H)")
     p.add_argument("--size", type=int, default=None, help="image size (default 64 with --check, else 2048)")
+    p.add_argument("--frames", type=int, default=17, help="video: decoded frames (4k + 1; default 17)")
     p.add_argument("--gpus", type=int, default=torch.cuda.device_count())
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None, help="also write the results to this file")

@@ -129,6 +129,11 @@ if has dist; then  # every GPU of the host: the NCCL tests, one GroupNorm layer 
       --json "$OUT/parallel_decode_$size.json" > "$OUT/parallel_decode_$size.log" 2>&1
     echo "parallel_decode $size rc=$?"; grep -v -i warn "$OUT/parallel_decode_$size.log" | tail -12
   done
+  for size in ${VIDEO_SIZES:-512}; do  # HunyuanVideo's decoder, 17 frames
+    timeout $(( $(left) - 10 )) python3 scripts/bench/parallel_decode.py --model video --size "$size" --frames 17 \
+      --rounds "${ROUNDS:-5}" --json "$OUT/parallel_decode_video_$size.json" > "$OUT/parallel_decode_video_$size.log" 2>&1
+    echo "parallel_decode video $size rc=$?"; grep -v -i warn "$OUT/parallel_decode_video_$size.log" | tail -12
+  done
 fi
 if has ncu; then
   OUT=$OUT timeout $(( $(left) )) bash scripts/dev/ncu_gaps.sh
