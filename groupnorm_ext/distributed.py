@@ -31,8 +31,10 @@ def _world(group) -> int:
     return dist.get_world_size(group)
 
 
-# all_gather_tensor was renamed all_gather_single (torch 2.14 warns on the old name; 2.11 has only that).
+# torch 2.14 renamed all_gather_tensor / all_gather_into_tensor to all_gather_single and warns on the old names;
+# torch 2.11 has only those.
 _gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
@@ -44,7 +46,7 @@ def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
         out = funcol.wait_tensor(_gather_single(t.contiguous().view(1, -1), 0, pg))
         return out.view(world, *t.shape)
     out = t.new_empty(world * t.numel())
-    dist.all_gather_into_tensor(out, t.contiguous().view(-1), group=group)
+    _gather_into(out, t.contiguous().view(-1), group=group)
     return out.view(world, *t.shape)
 
 
@@ -189,6 +191,18 @@ class SpatialGroupNorm(nn.GroupNorm):
         return super().extra_repr() + f", activation={self.activation!r}, dim={self.dim}"
 
 
+class _GatedSpatialGroupNorm(SpatialGroupNorm):
+    """SpatialGroupNorm with the activation of a norm that convert_group_norm_act(example_inputs=...) fused through an
+    activation gate, telling the gate which tensor it produced (the gate applies the activation to any other)."""
+
+    def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        import weakref
+
+        out = super().forward(input, residual)
+        self.__dict__["_gate"]._fused.append(weakref.ref(out))
+        return out
+
+
 def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None, check: bool = True) -> nn.Module:
     """Swaps every ``nn.GroupNorm`` (its subclasses that keep its forward, timm's GroupNorm, and gnext's
     ``GroupNorm`` / ``GroupNormAct``, whose activation it keeps) of ``module`` for :class:`SpatialGroupNorm`
@@ -200,9 +214,12 @@ def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None, c
     def swap(m):
         if not (_plain_group_norm(m) or isinstance(m, (GroupNorm, GroupNormAct))) or isinstance(m, SpatialGroupNorm):
             return None
-        # A norm fused by convert_group_norm_act(example_inputs=...) leaves its activation to its gate, which
-        # applies it to any tensor the norm did not announce.
-        act = m.activation if isinstance(m, GroupNormAct) and not isinstance(m, _GatedGroupNormAct) else "identity"
+        if isinstance(m, _GatedGroupNormAct):  # fused through an activation gate: keep the fusion and the gate
+            new = _from_group_norm(_GatedSpatialGroupNorm, m, activation=m.activation, dim=dim, group=group,
+                                   check=check)
+            new.__dict__["_gate"] = m.__dict__["_gate"]
+            return new
+        act = m.activation if isinstance(m, GroupNormAct) else "identity"
         return _from_group_norm(SpatialGroupNorm, m, activation=act, dim=dim, group=group, check=check)
 
     top = swap(module)

@@ -5,6 +5,7 @@ through the same activation, a normalized tensor that is also used elsewhere), a
 from __future__ import annotations
 
 import copy
+import tempfile
 
 import pytest
 import torch
@@ -116,7 +117,8 @@ def test_warns_when_nothing_is_fused_without_example_inputs():
 
 def test_spatial_conversion_of_traced_pairs_keeps_one_activation():
     """convert_group_norm_spatial after convert_group_norm_act(example_inputs=...): every norm becomes a
-    SpatialGroupNorm; a gated one without its activation (its gate still applies it), a plain GroupNormAct with."""
+    SpatialGroupNorm with its activation; a gated one tells its gate (which then passes its output through), so the
+    activation is applied once: the block's output is unchanged (one process: the shard is the whole tensor)."""
     from groupnorm_ext import distributed as gd
 
     torch.manual_seed(2)
@@ -124,9 +126,20 @@ def test_spatial_conversion_of_traced_pairs_keeps_one_activation():
     x, t = torch.randn(1, 32, 3, 8, 8), torch.randn(1, 16)
     ge.convert_group_norm_act(block, example_inputs=(x, t))
     seq = ge.convert_group_norm_act(nn.Sequential(nn.GroupNorm(4, 8), nn.SiLU()))
+    with torch.no_grad():
+        ref = block(x, t)
     gd.convert_group_norm_spatial(block)
     gd.convert_group_norm_spatial(seq)
-    assert [type(m) for m in (block.norm1, block.norm2, block.norm3)] == [gd.SpatialGroupNorm] * 3
-    assert block.norm1.activation == block.norm2.activation == "identity"
+    assert all(isinstance(m, gd.SpatialGroupNorm) for m in (block.norm1, block.norm2, block.norm3))
+    assert block.norm1.activation == block.norm2.activation == "silu"
     assert isinstance(block.nonlinearity, _ActivationGate) and block.norm1.weight.device.type == "cpu"
     assert type(seq[0]) is gd.SpatialGroupNorm and seq[0].activation == "silu"
+    if not torch.distributed.is_initialized():
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
+            try:
+                with torch.no_grad():
+                    for _ in range(2):  # the gates hold nothing between calls
+                        torch.testing.assert_close(block(x, t), ref, rtol=1e-5, atol=1e-5)
+            finally:
+                torch.distributed.destroy_process_group()
