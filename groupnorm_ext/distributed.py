@@ -83,18 +83,27 @@ def _check_args(x, num_groups, weight, bias, activation, residual, dim):
                          f"and device {x.device}, got {tuple(residual.shape)} {residual.dtype} on {residual.device}")
 
 
-def _check_shards(x, num_groups, dim, group):
-    """All ranks' N, C, G, dtype and non-split dims agree; else ValueError on every rank (each sees all)."""
+def _signature(x, num_groups, dim) -> list:
+    """What must agree across ranks: ndim, N, C, num_groups, dtype, dim and the sizes of the non-split dims."""
     sig = [x.dim(), x.shape[0], x.shape[1], num_groups, _DTYPES.index(x.dtype), dim]
-    sig += [s for i, s in enumerate(x.shape) if i >= 2 and i != dim]  # the sizes that must match
+    sig += [s for i, s in enumerate(x.shape) if i >= 2 and i != dim]
     if len(sig) > _SIG_LEN:
         raise ValueError(f"distributed.group_norm: at most {_SIG_LEN - 4} spatial dims, got {x.dim() - 2}")
-    mine = torch.tensor(sig + [-1] * (_SIG_LEN - len(sig)), dtype=torch.int64, device=x.device)
+    return sig
+
+
+def _check_shards(sig, device, group):
+    """All ranks' signatures agree; else ValueError on every rank (each sees all)."""
+    mine = torch.tensor(sig + [-1] * (_SIG_LEN - len(sig)), dtype=torch.int64, device=device)
     rows = _all_gather(mine, group).tolist()
     if any(r != rows[0] for r in rows):
         names = "ndim, N, C, num_groups, dtype, dim, non-split sizes"
         raise ValueError("distributed.group_norm: the shards differ across ranks in (" + names + "): " +
                          "; ".join(f"rank {i}: {[v for v in r if v != -1]}" for i, r in enumerate(rows)))
+
+
+# Signatures checked with check="once", per process group: (id of the group or None, signature).
+_checked: set = set()
 
 
 def _merged_stats(x, num_groups, eps, group):
@@ -139,7 +148,7 @@ class _SpatialGroupNorm(torch.autograd.Function):
 
 def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5, *, activation: str | None = None,
-               residual: torch.Tensor | None = None, dim: int = 2, group=None, check: bool = True) -> torch.Tensor:
+               residual: torch.Tensor | None = None, dim: int = 2, group=None, check: bool | str = True) -> torch.Tensor:
     r"""GroupNorm (+activation, +residual) of a tensor split along spatial dim ``dim`` over the ranks of ``group``.
 
     ``input`` is this rank's shard ``(N, C, *spatial)``, the shards in rank order along ``dim`` (H for 4-D, T or H
@@ -155,18 +164,27 @@ def group_norm(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None
     Communication per call: forward, one all-gather of N*G*3 float64 (and, with ``check``, one of 14 int64);
     backward, one all-reduce of N*C*2 float32. ``check=True`` (eager default) compares the shards' N, C,
     num_groups, dtype, ndim and non-split sizes across ranks on the host first: one host synchronization per call.
-    Pass ``check=False`` under CUDA graphs or when the shapes are known to agree.
+    ``check="once"`` (the modules' default) does that for the first call with each local signature only (per
+    process group): every rank meets a new shape in the same call, as the layers of a model do; a rank whose shapes
+    change while the others' stay the same is then not caught. ``check=False`` never checks (CUDA graphs). Under
+    torch.compile there is no check.
 
     Raises:
-        ValueError: C % num_groups != 0, a bad ``dim``, weight/bias not ``(C,)`` on the input's device, an unknown
-            activation, a residual of another shape, dtype or device, or (``check``) shards that differ across
-            ranks: on every rank.
+        ValueError: C % num_groups != 0, a bad ``dim`` or ``check``, weight/bias not ``(C,)`` on the input's
+            device, an unknown activation, a residual of another shape, dtype or device, or (``check``) shards that
+            differ across ranks: on every rank.
         TypeError: an integer or float64 input.
     """
     activation = activation or "identity"
     _check_args(input, num_groups, weight, bias, activation, residual, dim)
+    if check not in (True, False, "once"):
+        raise ValueError(f"distributed.group_norm: check must be True, False or 'once', got {check!r}")
     if check and not torch.compiler.is_compiling():
-        _check_shards(input, num_groups, dim, group)
+        sig = _signature(input, num_groups, dim)
+        key = (None if group is None else id(group), tuple(sig))
+        if check is True or key not in _checked:
+            _check_shards(sig, input.device, group)
+            _checked.add(key)
     return _SpatialGroupNorm.apply(input, weight, bias, residual, num_groups, eps, activation, group)
 
 
@@ -176,7 +194,7 @@ class SpatialGroupNorm(nn.GroupNorm):
     ``forward(x, residual=None)``."""
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, *, activation="identity", dim=2,
-                 group=None, check=True, device=None, dtype=None):
+                 group=None, check="once", device=None, dtype=None):
         if activation not in ACTIVATIONS:
             raise ValueError(f"SpatialGroupNorm: activation must be one of {', '.join(ACTIVATIONS)}, got "
                              f"{activation!r}")
@@ -203,11 +221,12 @@ class _GatedSpatialGroupNorm(SpatialGroupNorm):
         return out
 
 
-def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None, check: bool = True) -> nn.Module:
+def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None,
+                               check: bool | str = "once") -> nn.Module:
     """Swaps every ``nn.GroupNorm`` (its subclasses that keep its forward, timm's GroupNorm, and gnext's
     ``GroupNorm`` / ``GroupNormAct``, whose activation it keeps) of ``module`` for :class:`SpatialGroupNorm`
     sharing its parameters; returns the module (or its replacement if it is itself a GroupNorm). ``state_dict``
-    keys are unchanged. ``check``: as :func:`group_norm`'s (False: no host synchronization per layer)."""
+    keys are unchanged. ``check``: as :func:`group_norm`'s ("once": the first call per shape; False: never)."""
     from .convert import _from_group_norm, _GatedGroupNormAct, _plain_group_norm
     from .modules import GroupNorm, GroupNormAct
 

@@ -109,14 +109,27 @@ def _gloo_cases(rank, world):
         yc.sum().backward()
         ye.sum().backward()
         torch.testing.assert_close(xc.grad, xe.grad)
-        # Shards that differ across ranks (C): a ValueError on every rank, no hang.
+        # Shards that differ across ranks (C): a ValueError on every rank, no hang; with check="once" too (a new
+        # signature on every rank).
         bad = torch.randn(1, 16 if rank == 0 else 32, 4, 4)
+        for check in (True, "once"):
+            try:
+                gd.group_norm(bad, 4, check=check)
+            except ValueError as e:
+                assert "differ across ranks" in str(e), e
+            else:
+                raise AssertionError(f"mismatched shards were not rejected (check={check!r})")
+        # check="once" (the modules' default): one signature all-gather per shape, not per call.
+        calls = []
+        orig = gd._check_shards
+        gd._check_shards = lambda *a: (calls.append(1), orig(*a))[1]
         try:
-            gd.group_norm(bad, 4)
-        except ValueError as e:
-            assert "differ across ranks" in str(e), e
-        else:
-            raise AssertionError("mismatched shards were not rejected")
+            x1, x2 = torch.randn(1, 16, 2 + rank, 3), torch.randn(1, 16, 2 + rank, 5)
+            for x in (x1, x1, x2, x1, x2):
+                torch.testing.assert_close(net(x), gd.group_norm(x, 4, net[0].weight, net[0].bias, 1e-5, check=False))
+        finally:
+            gd._check_shards = orig
+        assert len(calls) == 2, calls
     else:
         _case(rank, world, (2, 24, 13, 5), 6, torch.float32, "relu", [5, 0, 8], 2, True, True, 3)
         _case(rank, world, (3, 8, 4, 10), 8, torch.float32, "identity", [3, 3, 4], 3, False, True, 4)  # G = C
