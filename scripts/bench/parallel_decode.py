@@ -414,7 +414,7 @@ def _report(r: dict, args) -> None:
           f"(per round {min(ratios):.2f}-{max(ratios):.2f}); over one GPU eager: "
           f"{med['single_eager'] / med['split_gnext']:.2f}x")
     print(f"GroupNorm's share of the decode: one GPU (gnext) {share('single_gnext', 'single_none'):.1%}, split gnext "
-          f"{share('split_gnext', 'split_none'):.1%} (check="once"; check=False: {share('split_gnext_nocheck', 'split_none'):.1%}), "
+          f"{share('split_gnext', 'split_none'):.1%} (check='once'; check=False: {share('split_gnext_nocheck', 'split_none'):.1%}), "
           f"split all-gather {share('split_allgather', 'split_none'):.1%}; "
           f"split all-gather / split gnext: {med['split_allgather'] / med['split_gnext']:.2f}x")
 
