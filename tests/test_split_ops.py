@@ -5,6 +5,8 @@ pieces run on its own and the statistics / sums combined as the distributed op c
 GroupNorm (+activation, +residual) of the whole tensor and its autograd gradients."""
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -44,7 +46,7 @@ def _cuts(H):
 @pytest.mark.parametrize("shape,G", SHAPES)
 @pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu"])
 def test_split_matches_whole(device, dtype, shape, G, act):
-    gen = torch.Generator().manual_seed(hash((shape, G, act, str(dtype))) % 2**31)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{shape}{G}{act}{dtype}".encode()))  # stable across runs
     C = shape[1]
     x = layout_input(shape, dtype, device, "channels_last", 2.0, 3.0, gen)
     w = (torch.rand(C, generator=gen) + 0.5).to(dtype).to(device)

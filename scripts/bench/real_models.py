@@ -14,6 +14,10 @@ training steps. Rows (random weights, real image input from skimage.data.astrona
   hunyuan-video-fp16            diffusers AutoencoderKLHunyuanVideo decoder (its default layout: 5-D causal conv
                                 blocks, 16 latent channels), fp16, 1x16x5x64x64 random latents -> 17 frames of
                                 512x512 (the converter traces it with example_inputs: its blocks have no rule)
+  cogvideox-fp16                diffusers AutoencoderKLCogVideoX decode (default layout; its GroupNorms feed a
+                                spatial modulation, not an activation: converted, none fused), fp16,
+                                1x16x5x64x64 random latents -> 17 frames of 512x512, through vae.decode (frame
+                                batches with its conv cache)
 
 Variants: original eager; gnext eager (groupnorm_ext.convert_group_norm_act, which also fuses diffusers'
 ResnetBlock2D pairs); gnext-aten: the original model, unedited, with groupnorm_ext.enable_aten_kernels() on
@@ -83,7 +87,8 @@ def build(row, dev, smoke):
     if row.startswith("bit"):
         import timm
     else:
-        from diffusers import AutoencoderKL, AutoencoderKLHunyuanVideo, UNet2DConditionModel, UNet2DModel
+        from diffusers import (AutoencoderKL, AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, UNet2DConditionModel,
+                               UNet2DModel)
 
     torch.manual_seed(0)
     s = 8 if smoke else 1  # smoke: channel and size divisor
@@ -122,6 +127,11 @@ def build(row, dev, smoke):
         vae = AutoencoderKLHunyuanVideo(block_out_channels=ch, norm_num_groups=32 // s).to(dev).eval()
         z = torch.randn(1, 16, 5 if not smoke else 2, 64 // s, 64 // s, generator=torch.Generator().manual_seed(2))
         return VideoDecoder(vae), (z.to(dev),), torch.float16, torch.contiguous_format, False
+    if row == "cogvideox-fp16":
+        ch = tuple(c // s for c in (128, 256, 256, 512))
+        vae = AutoencoderKLCogVideoX(block_out_channels=ch, norm_num_groups=32 // s).to(dev).eval()
+        z = torch.randn(1, 16, 5 if not smoke else 2, 64 // s, 64 // s, generator=torch.Generator().manual_seed(2))
+        return Decoder(vae), (z.to(dev),), torch.float16, torch.contiguous_format, False
     raise ValueError(f"unknown row {row!r}")
 
 
@@ -136,7 +146,7 @@ class VideoDecoder(torch.nn.Module):
 
 ROWS = ("vae-fp16-nchw", "vae-fp16-cl", "unet2d-train-bf16", "sd15-unet-fp16", "bit-train-bf16")
 # Rows whose blocks the converter has no rule for: it traces them (convert_group_norm_act(example_inputs=...)).
-TRACED_ROWS = ("hunyuan-video-fp16",)
+TRACED_ROWS = ("hunyuan-video-fp16", "cogvideox-fp16")
 
 
 def _cast(args, dtype, fmt):
