@@ -51,6 +51,7 @@ def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
 
 
 def _all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
+    """The sum of every rank's t (eager: in place in t when t is contiguous)."""
     if torch.compiler.is_compiling():
         pg: Any = group if group is not None else dist.group.WORLD
         return funcol.wait_tensor(funcol.all_reduce(t, "sum", pg))
