@@ -77,6 +77,38 @@ def test_fires_and_matches_eager_training(device, act, fusion):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
 
+class CausalBlock3D(nn.Module):
+    """A video VAE's causal 3D block: norm -> SiLU -> causal replicate pad -> Conv3d, twice, + residual (5-D)."""
+
+    def __init__(self, C=16, G=4):
+        super().__init__()
+        self.norm1, self.norm2 = nn.GroupNorm(G, C, eps=1e-6), nn.GroupNorm(G, C, eps=1e-6)
+        self.conv1, self.conv2 = nn.Conv3d(C, C, 3), nn.Conv3d(C, C, 3)
+
+    def forward(self, x):
+        pad = (1, 1, 1, 1, 2, 0)
+        h = self.conv1(F.pad(F.silu(self.norm1(x)), pad, mode="replicate"))
+        h = self.conv2(F.pad(F.silu(self.norm2(h)), pad, mode="replicate"))
+        return x + h
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_5d_video_block(device, fusion):
+    """5-D GroupNorm -> SiLU chains (the HunyuanVideo decoder's) are rewritten, inference and training."""
+    torch.manual_seed(0)
+    model = perturb_params(CausalBlock3D()).to(device)
+    x = rand_input((1, 16, 5, 6, 7), torch.float32, device).requires_grad_()
+    ref = model(x)
+    ref_g = torch.autograd.grad(ref.square().sum(), [x, *model.parameters()])
+    comp = torch.compile(model, fullgraph=True)
+    out = comp(x)
+    g = torch.autograd.grad(out.square().sum(), [x, *model.parameters()])
+    assert fusion()["group_norm_act"] == 2
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_inference_dynamic_shapes(device, fusion):
     torch.manual_seed(0)
