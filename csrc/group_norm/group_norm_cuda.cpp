@@ -404,33 +404,39 @@ Tensor group_norm_apply_cuda_pre(const char* op, const Tensor& input, const Tens
 
 namespace {
 
-// x and dy of a split backward in the layout its plan reads (the same for the sums and the apply pass).
+// The checks of a split backward pass (arguments, activation, GroupNorm bias); returns the problem sizes.
+Problem check_split_backward(const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean,
+                             const Tensor& rstd, const OptTensor& weight, int64_t num_groups, const Pointwise& pro) {
+  const Problem s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
+  check_pointwise(op, input, pro);
+  if (defined(pro.gn_bias)) check_group_norm_args(op, input, num_groups, weight, pro.gn_bias);
+  return s;
+}
+
+// x and dy of a split backward in the layout its plan reads (the same for the sums and the apply pass);
+// relayout: the plan is NCHW and x was made contiguous, so dx is computed contiguous and copied.
 struct SplitBackward {
-  Problem s;
   Plan plan;
+  bool relayout;
   Tensor x, dy;
   OptTensor w, b;
   Tensor mean, rstd;
   gn::PwArgs pw;
 };
 
-SplitBackward split_backward(const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean,
-                             const Tensor& rstd, const OptTensor& weight, int64_t num_groups, const Pointwise& pro,
-                             const void* dx) {
+SplitBackward split_backward(const Problem& s, const Tensor& grad_out, const Tensor& input, const Tensor& mean,
+                             const Tensor& rstd, const OptTensor& weight, const Pointwise& pro, const void* dx) {
   SplitBackward r;
-  r.s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
-  check_pointwise(op, input, pro);
-  if (defined(pro.gn_bias)) check_group_norm_args(op, input, num_groups, weight, pro.gn_bias);
   const Tensor x_in = dense_input(input);
   const Tensor dy_in = dense_in(grad_out, group_norm_memory_format(x_in));
   gn::Request req = request_of(x_in, pro);
   req.aligned = aligned16({x_in.data_ptr(), dy_in.data_ptr(), dx});
   req.flat = x_in.is_contiguous() && dy_in.is_contiguous();
   req.need_dx = dx != nullptr;
-  r.plan = gn::plan_two_pass(r.s, req, true, plan_device(), gn::tuning());
-  const bool relayout = !r.plan.nhwc && !x_in.is_contiguous();
-  r.x = relayout ? contig(x_in) : x_in;
-  r.dy = relayout ? contig(grad_out) : dy_in;
+  r.plan = gn::plan_two_pass(s, req, true, plan_device(), gn::tuning());
+  r.relayout = !r.plan.nhwc && !x_in.is_contiguous();
+  r.x = r.relayout ? contig(x_in) : x_in;
+  r.dy = r.relayout ? contig(grad_out) : dy_in;
   r.w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
   r.b = defined(pro.gn_bias) ? OptTensor(contig(*pro.gn_bias)) : std::nullopt;
   r.mean = contig(mean), r.rstd = contig(rstd);
@@ -443,13 +449,10 @@ SplitBackward split_backward(const char* op, const Tensor& grad_out, const Tenso
 Tensor group_norm_backward_sums_cuda_pre(const char* op, const Tensor& grad_out, const Tensor& input,
                                          const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
                                          int64_t num_groups, const Pointwise& pro) {
+  const Problem s = check_split_backward(op, grad_out, input, mean, rstd, weight, num_groups, pro);
   DeviceGuard guard(input);
-  if (input.numel() == 0) {
-    const Problem s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
-    return zeros_on(input, {s.N, s.C, 2}, ScalarType::Float);
-  }
-  const SplitBackward b = split_backward(op, grad_out, input, mean, rstd, weight, num_groups, pro, nullptr);
-  const Problem& s = b.s;
+  if (input.numel() == 0) return zeros_on(input, {s.N, s.C, 2}, ScalarType::Float);
+  const SplitBackward b = split_backward(s, grad_out, input, mean, rstd, weight, pro, nullptr);
   Tensor dsum = empty_on(input, {s.N, s.C, 2}, ScalarType::Float);
   const gn::ReduceGeometry& rg = b.plan.reduce;
   const cudaStream_t stream = current_stream(b.x);
@@ -466,19 +469,17 @@ Tensor group_norm_backward_sums_cuda_pre(const char* op, const Tensor& grad_out,
 Tensor group_norm_backward_apply_cuda_pre(const char* op, const Tensor& grad_out, const Tensor& input,
                                           const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
                                           const Tensor& group_sums, int64_t num_groups, const Pointwise& pro) {
-  DeviceGuard guard(input);
-  const Problem s0 = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups);
-  GNEXT_CHECK(group_sums.scalar_type() == ScalarType::Float && group_sums.numel() == s0.N * s0.G * 2, op,
-              ": group_sums must be float32 with N*G*2=", s0.N * s0.G * 2, " elements, got ", group_sums.scalar_type(),
+  const Problem s = check_split_backward(op, grad_out, input, mean, rstd, weight, num_groups, pro);
+  GNEXT_CHECK(group_sums.scalar_type() == ScalarType::Float && group_sums.numel() == s.N * s.G * 2, op,
+              ": group_sums must be float32 with N*G*2=", s.N * s.G * 2, " elements, got ", group_sums.scalar_type(),
               " of shape ", shape(group_sums));
   GNEXT_CHECK(same_device(group_sums, input), op, ": group_sums is on ", device_name(group_sums),
               " but input is on ", device_name(input));
+  DeviceGuard guard(input);
   Tensor dx = empty_as(input, group_norm_memory_format(input));
   if (input.numel() == 0) return dx;
-  const SplitBackward b = split_backward(op, grad_out, input, mean, rstd, weight, num_groups, pro, dx.data_ptr());
-  const Problem& s = b.s;
-  const bool relayout = !b.plan.nhwc && !input.is_contiguous();
-  const Tensor dx_work = relayout ? empty_as(b.x, MemoryFormat::Contiguous) : dx;
+  const SplitBackward b = split_backward(s, grad_out, input, mean, rstd, weight, pro, dx.data_ptr());
+  const Tensor dx_work = b.relayout ? empty_as(b.x, MemoryFormat::Contiguous) : dx;
   const Tensor gs = contig(group_sums);
   const cudaStream_t stream = current_stream(b.x);
   Scratch ws = scratch(b.x, s.N * s.C * 4, stream);
@@ -487,7 +488,7 @@ Tensor group_norm_backward_apply_cuda_pre(const char* op, const Tensor& grad_out
                                  ptr<float>(b.rstd), ptr_or_null(b.w), nullptr, ptr<float>(gs), coef, stream));
   GNEXT_CUDA_CHECK(gn::launch_affine(true, scalar_kind(input.scalar_type()), s, b.plan.affine, b.x.data_ptr(),
                                    b.dy.data_ptr(), dx_work.data_ptr(), coef, b.pw, stream));
-  if (relayout) copy_into(dx, dx_work);
+  if (b.relayout) copy_into(dx, dx_work);
   return dx;
 }
 
