@@ -74,22 +74,17 @@ def _worker(rank, world, init, args, q):
                                                                                           activation="silu")),
         "eager on the shard alone, fwd+bwd": train(lambda x, w_, b_: F.silu(F.group_norm(x, G, w_, b_, 1e-5))),
     }
-    out = {}
-    for name, fn in train_variants.items():
+    def measure(fn):  # two warm-up calls, then the slowest rank's median and this rank's extra peak memory
         for _ in range(2):
             fn()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        out[name] = {"ms": event_ms(fn, args.reps, across_ranks=True)}
-        out[name]["peak_extra_MB"] = (torch.cuda.max_memory_allocated() - base) / 1e6
+        ms = event_ms(fn, args.reps, across_ranks=True)
+        return {"ms": ms, "peak_extra_MB": (torch.cuda.max_memory_allocated() - base) / 1e6}
+
+    out = {name: measure(fn) for name, fn in train_variants.items()}
     with torch.no_grad():
-        for name, fn in variants.items():
-            for _ in range(2):
-                fn()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            out[name] = {"ms": event_ms(fn, args.reps, across_ranks=True)}
-            out[name]["peak_extra_MB"] = (torch.cuda.max_memory_allocated() - base) / 1e6
+        out.update({name: measure(fn) for name, fn in variants.items()})
         if args.profile and rank == 0:
             from torch.profiler import ProfilerActivity, profile
 

@@ -257,19 +257,21 @@ def _without_group_norm(decoder: nn.Module) -> nn.Module:
     return decoder
 
 
-def _group_norm_bytes(decoder: nn.Module, z: torch.Tensor, world: int) -> dict:
-    """Bytes each GroupNorm layer of the decode exchanges (the largest layer): gnext's statistics (an all-gather of
-    world * N * G * 3 float64) against the all-gather approach (the whole activation, to every rank)."""
+def _decode_with_group_norm_bytes(decoder: nn.Module, z: torch.Tensor, world: int) -> tuple[torch.Tensor, dict]:
+    """decoder(z), and the bytes each GroupNorm layer of that decode exchanges when split (the largest layer):
+    gnext's statistics (an all-gather of world * N * G * 3 float64) against the all-gather approach (the whole
+    activation, to every rank)."""
     sizes = []
     hooks = [m.register_forward_pre_hook(lambda m, a: sizes.append((a[0].numel(), a[0].element_size(), m.num_groups)))
              for m in decoder.modules() if isinstance(m, nn.GroupNorm)]
-    with torch.no_grad():
-        decoder(z)
-    for h in hooks:
-        h.remove()
+    try:
+        out = decoder(z)
+    finally:
+        for h in hooks:
+            h.remove()
     numel, esize, G = max(sizes)
-    return {"gn_layers": len(sizes), "gnext_bytes_per_layer": world * z.shape[0] * G * 3 * 8,
-            "allgather_bytes_per_layer_max": numel * esize * (world - 1) // world * world}
+    return out, {"gn_layers": len(sizes), "gnext_bytes_per_layer": world * z.shape[0] * G * 3 * 8,
+                 "allgather_bytes_per_layer_max": numel * esize * (world - 1) // world * world}
 
 
 def _vae(small: bool):
@@ -343,14 +345,15 @@ def _worker(rank, world, init, args, q):
             dist.all_gather(parts, out.contiguous())
             outs[name] = torch.cat(parts, dim=dim) if rank == 0 else None
         if rank == 0:
-            ref = single(z).float()
+            ref, nbytes = _decode_with_group_norm_bytes(single, z, world)
+            ref = ref.float()
+            res.update(nbytes)
             rng = (ref.max() - ref.min()).item()
             for name, whole in outs.items():
                 diff = (whole.float() - ref).abs().max().item()
                 mse = ((whole.float() - ref) ** 2).mean().item()
                 res[f"{name}_max_abs_diff"] = diff
                 res[f"{name}_psnr_dB"] = 10 * math.log10(rng ** 2 / mse) if mse > 0 else float("inf")
-            res.update(_group_norm_bytes(single, z, world))
         del outs
         if not args.check:
             split["gnext_nocheck"] = parallelize(copy.deepcopy(fused), norm="gnext_nocheck")
