@@ -5,6 +5,8 @@ training steps. Rows (random weights, real image input from skimage.data.astrona
 
   vae-fp16-nchw / vae-fp16-cl   diffusers AutoencoderKL decoder, SD-1.x layout, fp16, 1x4x64x64 latents
                                 (the encoder's posterior mean of the image) -> 1x3x512x512
+  vae-enc-fp16-nchw / -cl       its encoder, fp16, 4x3x512x512 images -> 4x8x64x64 moments
+  vae[-enc]-1024-fp16-nchw / -cl  the decoder (1x4x128x128 latents) or encoder (4x3x1024x1024) at 1024²
   unet2d-train-bf16             diffusers UNet2DModel (block_out_channels 128,256,256,512), bf16, batch 8
                                 of 64x64: one training step (forward + backward of a mean-square loss)
   sd15-unet-fp16                diffusers UNet2DConditionModel, SD-1.5 layout, fp16, 2x4x64x64 latents and
@@ -61,9 +63,15 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 
 def image(size, n):
     """skimage's astronaut (512x512 RGB) resized to size x size, in [-1, 1], batch n."""
-    from skimage import data
+    import importlib.util
 
-    img = torch.from_numpy(data.astronaut()).permute(2, 0, 1).float().div(127.5).sub(1.0)
+    import numpy as np
+    from PIL import Image
+
+    # The PNG that skimage.data.astronaut() reads, opened with Pillow: importing skimage.data pulls in
+    # skimage.io and scipy, which the GPU machines lack.
+    png = importlib.util.find_spec("skimage").submodule_search_locations[0] + "/data/astronaut.png"
+    img = torch.from_numpy(np.asarray(Image.open(png).convert("RGB")).copy()).permute(2, 0, 1).float().div(127.5).sub(1.0)
     img = F.interpolate(img[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False)
     return img.repeat(n, 1, 1, 1)
 
@@ -75,6 +83,15 @@ class Decoder(torch.nn.Module):
 
     def forward(self, z):
         return self.vae.decode(z).sample
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, x):
+        return self.vae.encoder(x)
 
 
 def _sample(o):
@@ -92,14 +109,17 @@ def build(row, dev, smoke):
 
     torch.manual_seed(0)
     s = 8 if smoke else 1  # smoke: channel and size divisor
-    if row.startswith("vae"):
+    if row.startswith("vae"):  # vae[-enc][-1024]-fp16-{nchw,cl}: the decoder (1 latent) or the encoder (4 images)
         ch = tuple(c // s for c in (128, 256, 512, 512))
         vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, norm_num_groups=32 // s,
                             layers_per_block=2, block_out_channels=ch, down_block_types=("DownEncoderBlock2D",) * 4,
                             up_block_types=("UpDecoderBlock2D",) * 4).to(dev).eval()
-        with torch.no_grad():  # real latents: the encoder's posterior mean of the image
-            lat = vae.encode(image(512 // s, 1).to(dev)).latent_dist.mean
+        size = (1024 if "-1024-" in row else 512) // s
         fmt = torch.channels_last if row.endswith("cl") else torch.contiguous_format
+        if "-enc-" in row:
+            return Encoder(vae), (image(size, 4).to(dev),), torch.float16, fmt, False
+        with torch.no_grad():  # real latents: the encoder's posterior mean of the image
+            lat = vae.encode(image(size, 1).to(dev)).latent_dist.mean
         return Decoder(vae), (lat,), torch.float16, fmt, False
     if row == "unet2d-train-bf16":
         ch = tuple(c // s for c in (128, 256, 256, 512))
@@ -145,6 +165,9 @@ class VideoDecoder(torch.nn.Module):
 
 
 ROWS = ("vae-fp16-nchw", "vae-fp16-cl", "unet2d-train-bf16", "sd15-unet-fp16", "bit-train-bf16")
+# Further AutoencoderKL rows, run when named: the encoder (batch 4) and 1024² images.
+VAE_ROWS = ("vae-enc-fp16-nchw", "vae-enc-fp16-cl", "vae-1024-fp16-nchw", "vae-1024-fp16-cl",
+            "vae-enc-1024-fp16-nchw", "vae-enc-1024-fp16-cl")
 # Rows whose blocks the converter has no rule for: it traces them (convert_group_norm_act(example_inputs=...)).
 TRACED_ROWS = ("hunyuan-video-fp16", "cogvideox-fp16")
 
@@ -412,7 +435,7 @@ def merge(files, wanted):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default=",".join(ROWS), help=f"of {','.join(ROWS + TRACED_ROWS)}")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"of {','.join(ROWS + VAE_ROWS + TRACED_ROWS)}")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=str(ROOT / "bench_out"))
     p.add_argument("--name", default="real_models")
