@@ -223,6 +223,48 @@ def test_spatial_group_norm_nccl():
     _spawn("nccl", world)
 
 
+def _absent_rank(rank, world, init, outfile):
+    """Rank 0 calls group_norm; the other ranks never do (a rank that died or hangs) and leave after the timeout."""
+    import threading
+    import time
+
+    from groupnorm_ext import distributed as gd
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=2))
+    if rank != 0:
+        time.sleep(5)
+        os._exit(0)  # no destroy_process_group: it would wait on rank 0
+
+    def hung():
+        with open(outfile, "w") as f:
+            f.write("20\nhung")
+        os._exit(0)
+
+    threading.Timer(20, hung).start()  # a hang fails the test instead of stalling it
+    t0 = time.monotonic()
+    try:
+        gd.group_norm(torch.randn(1, 8, 3, 4), 4, check=False)
+        msg = "no error"
+    except Exception as e:  # the backend's own error type (RuntimeError or a subclass)
+        msg = f"{type(e).__name__}: {e}"
+    with open(outfile, "w") as f:
+        f.write(f"{time.monotonic() - t0:.1f}\n{msg}")
+    os._exit(0)
+
+
+def test_absent_rank_raises_the_backends_timeout():
+    """A rank that never reaches the layer: the others get torch.distributed's timeout error, not a hang."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out")
+        mp.spawn(_absent_rank, args=(2, f"file://{os.path.join(tmp, 'store')}", out), nprocs=2, join=True)
+        seconds, msg = open(out).read().split("\n", 1)
+    assert "timed out" in msg.lower() or "timeout" in msg.lower(), msg
+    assert float(seconds) < 5, (seconds, msg)
+
+
 def test_argument_errors_without_a_process_group():
     from groupnorm_ext import distributed as gd
 
