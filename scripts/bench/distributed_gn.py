@@ -123,6 +123,9 @@ def main():
     p.add_argument("--profile", action="store_true", help="rank 0's torch.profiler table of 5 forward calls")
     args = p.parse_args()
     args.shape = [int(v) for v in args.shape.split(",")]
+    if not 1 <= args.gpus <= torch.cuda.device_count():
+        raise SystemExit(f"distributed_gn: --gpus {args.gpus} with {torch.cuda.device_count()} visible GPU(s); it needs "
+                         "1 <= --gpus <= the visible GPUs")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:

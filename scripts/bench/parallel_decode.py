@@ -424,6 +424,9 @@ def _report(r: dict, args) -> None:
 
 def run(args) -> dict:
     world = 2 if args.check else args.gpus
+    if not args.check and not 1 <= world <= torch.cuda.device_count():
+        raise SystemExit(f"parallel_decode: --gpus {world} with {torch.cuda.device_count()} visible GPU(s); it needs "
+                         "1 <= --gpus <= the visible GPUs (--check runs on CPUs)")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:

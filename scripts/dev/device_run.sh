@@ -110,30 +110,31 @@ if has kernels; then
   timeout $(( $(left) - 10 )) python3 scripts/dev/profile_kernels.py ${MATCH:+--match "$MATCH"} > "$OUT/profile_kernels.log" 2>&1
   echo "profile_kernels rc=$?"; grep -E "^== |host time" "$OUT/profile_kernels.log" | head -40
 fi
-if has dist; then  # every GPU of the host: the NCCL tests, one GroupNorm layer split over them, the split decode
-  t0=$SECONDS
+if has dist; then  # every GPU of the host: the NCCL tests, one GroupNorm layer split over them, the split decodes.
+  # All logs go to one dist.log (a call brings back only so many files); the results are the JSON files.
+  t0=$SECONDS; dlog="$OUT/dist.log"
+  run_logged() { echo "== $*" >> "$dlog"; "$@" > "$OUT/.last.log" 2>&1; local rc=$?; cat "$OUT/.last.log" >> "$dlog"; return $rc; }
   if [ -z "${DIST_BENCH_ONLY:-}" ]; then
-    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_distributed.py tests/test_split_ops.py \
-      > "$OUT/pytest_dist.log" 2>&1
-    echo "distributed tests rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest_dist.log")"
-    grep -E "^(FAILED|ERROR)" "$OUT/pytest_dist.log" | head -10
+    run_logged timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_distributed.py tests/test_split_ops.py
+    echo "distributed tests rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/.last.log")"
+    grep -E "^(FAILED|ERROR)" "$OUT/.last.log" | head -10
     for shape in ${DIST_SHAPES:-1,128,4096,4096 1,512,512,512}; do
-      name=distributed_gn_${shape//,/x}
-      timeout 180 python3 scripts/bench/distributed_gn.py --shape "$shape" --json "$OUT/$name.json" \
-        ${DIST_PROFILE:+--profile} > "$OUT/$name.log" 2>&1
-      echo "distributed_gn $shape rc=$?"; grep -v Warn "$OUT/$name.log" | tail -14
+      run_logged timeout 180 python3 scripts/bench/distributed_gn.py --shape "$shape" \
+        --json "$OUT/distributed_gn_${shape//,/x}.json" ${DIST_PROFILE:+--profile}
+      echo "distributed_gn $shape rc=$?"; grep -v Warn "$OUT/.last.log" | tail -14
     done
   fi
   for size in ${DECODE_SIZES:-2048 4096}; do
-    timeout $(( $(left) - 10 )) python3 scripts/bench/parallel_decode.py --size "$size" --rounds "${ROUNDS:-5}" \
-      --json "$OUT/parallel_decode_$size.json" > "$OUT/parallel_decode_$size.log" 2>&1
-    echo "parallel_decode $size rc=$?"; grep -v -i warn "$OUT/parallel_decode_$size.log" | tail -12
+    run_logged timeout $(( $(left) - 10 )) python3 scripts/bench/parallel_decode.py --size "$size" --rounds "${ROUNDS:-5}" \
+      --json "$OUT/parallel_decode_$size.json"
+    echo "parallel_decode $size rc=$?"; grep -v -i warn "$OUT/.last.log" | tail -14
   done
   for size in ${VIDEO_SIZES:-512}; do  # HunyuanVideo's decoder, 17 frames
-    timeout $(( $(left) - 10 )) python3 scripts/bench/parallel_decode.py --model video --size "$size" --frames 17 \
-      --rounds "${ROUNDS:-5}" --json "$OUT/parallel_decode_video_$size.json" > "$OUT/parallel_decode_video_$size.log" 2>&1
-    echo "parallel_decode video $size rc=$?"; grep -v -i warn "$OUT/parallel_decode_video_$size.log" | tail -12
+    run_logged timeout $(( $(left) - 10 )) python3 scripts/bench/parallel_decode.py --model video --size "$size" \
+      --frames 17 --rounds "${ROUNDS:-5}" --json "$OUT/parallel_decode_video_$size.json"
+    echo "parallel_decode video $size rc=$?"; grep -v -i warn "$OUT/.last.log" | tail -14
   done
+  rm -f "$OUT/.last.log"
 fi
 if has ncu; then
   OUT=$OUT timeout $(( $(left) )) bash scripts/dev/ncu_gaps.sh
