@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -33,15 +34,17 @@ from . import _registry  # noqa: F401  (torch.ops.gnext.*)
 
 __all__ = ["enable_compile_fusion", "disable_compile_fusion", "compile_fusion_stats"]
 
+_log = logging.getLogger("groupnorm_ext")
 _GROUP_NORM = (F.group_norm, torch.group_norm)
 _GN_SIG = inspect.signature(F.group_norm)  # (input, num_groups, weight=None, bias=None, eps=1e-05)
 _ADDS = (operator.add, torch.add)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
-# Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m}.
+# Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m,
+# "left": chains that matched but that the rule left to Inductor (each reason is logged once as a warning)}.
 # A graph that Inductor takes from its caches (FX graph, AOTAutograd) is not passed through the pass
 # again, so its rewrites are not counted: count with the caches off (config force_disable_caches).
-compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0}
+compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0, "left": 0}
 
 
 def _activation(node: torch.fx.Node) -> Optional[str]:
@@ -91,7 +94,12 @@ _MIN_NUMEL = 1 << 22
 
 
 def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
-    """The rule. Always: floating input of 3-5 dims, output of the input's dtype (not under autocast,
+    """The rule (:func:`_left_because` is None)."""
+    return _left_because(x, y, params, when) is None
+
+
+def _left_because(x: torch.Tensor, y: torch.Tensor, params, when: str) -> Optional[str]:
+    """Why the chain stays with Inductor, or None where it is rewritten. The rule. Always: floating input of 3-5 dims, output of the input's dtype (not under autocast,
     which computes GroupNorm in float32), weight/bias of the input's dtype or float32. For
     when="auto" also: an inference graph (the output needs no grad: traced under no_grad or from
     inputs and parameters that need none), a CUDA tensor with at least _MIN_NUMEL elements (or a dynamic shape),
@@ -101,22 +109,41 @@ def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
     graphs beat the rewritten ones: diffusers UNet2DModel bf16 training step 44.7 ms compiled vs 46.9
     with the rewrite, timm BiT-50 bf16 training step 27.4 vs 39.9 ms. Inductor fuses GroupNorm's
     backward with the gradient sums and casts around it, gnext's backward op is a separate pass."""
-    if x is None or y is None or x.dtype not in _FLOATS or y.dtype != x.dtype or not 3 <= x.dim() <= 5:
-        return False
+    if x is None or y is None or x.dtype not in _FLOATS or not 3 <= x.dim() <= 5:
+        return "the input is not a 3-D to 5-D float16/bfloat16/float32 tensor"
+    if y.dtype != x.dtype:
+        return "the output's dtype is not the input's (autocast)"
     for p in params:
         if p is not None and (p.dtype not in (x.dtype, torch.float32) or p.device != x.device):
-            return False
+            return "weight or bias of another dtype or device"
     if when == "always":
-        return True
+        return None
     if y.requires_grad:  # traced with grad mode on and a differentiable input: a training graph
-        return False
+        return "a training graph (when='auto' rewrites inference graphs; when='always' rewrites these too)"
+    if x.device.type != "cuda":
+        return "not a CUDA tensor (when='auto')"
     n = _static_numel(x)
-    return x.device.type == "cuda" and (n is None or n >= _MIN_NUMEL)
+    if n is not None and n < _MIN_NUMEL:
+        return f"fewer than {_MIN_NUMEL} elements, where Inductor's own kernels are faster (when='auto')"
+    return None
+
+
+_warned: set = set()
+
+
+def _report(left: dict) -> None:
+    """One warning per reason per process: chains of a compiled graph that the rule left to Inductor."""
+    for why, n in left.items():
+        if why not in _warned:
+            _warned.add(why)
+            _log.warning("gnext enable_compile_fusion: %d GroupNorm->activation chain(s) of a compiled graph left to "
+                         "Inductor: %s (further graphs left for this reason are not reported)", n, why)
 
 
 def _rewrite(graph: torch.fx.Graph, when: str) -> int:
     """Rewrites every matching chain in place; returns how many."""
     count = 0
+    left: dict[str, int] = {}  # reason -> chains the rule left to Inductor
     for gn in list(graph.nodes):
         if gn.op != "call_function" or gn.target not in _GROUP_NORM or len(gn.users) != 1:
             continue
@@ -138,7 +165,10 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
         xm, wm, bm, om = _meta(x), _meta(weight), _meta(bias), _meta(act_node)
         if xm is None or om is None or (weight is not None and wm is None) or (bias is not None and bm is None):
             continue
-        if not _fusable(xm, om, (wm, bm), when):
+        why = _left_because(xm, om, (wm, bm), when)
+        if why is not None:
+            left[why] = left.get(why, 0) + 1
+            compile_fusion_stats["left"] += 1
             continue
         last, residual = act_node, None
         if len(act_node.users) == 1:
@@ -160,6 +190,8 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
         count += 1
         compile_fusion_stats["group_norm_act"] += 1
         compile_fusion_stats["residual"] += residual is not None
+    if left:
+        _report(left)
     return count
 
 
@@ -213,9 +245,11 @@ def enable_compile_fusion(when: str = "auto") -> None:
     shapes and ``mode="reduce-overhead"``. A pre-grad pass already installed keeps running first.
 
     Args:
-        when: ``"auto"``: only where gnext is the faster choice (inference graphs, CUDA, 3-D/4-D, at
+        when: ``"auto"``: only where gnext is the faster choice (inference graphs, CUDA, 3-D to 5-D, at
             least 4M elements; see ``_fusable`` and docs/api.md); ``"always"``: every matching
-            chain on any device, training graphs too (tests; measurements).
+            chain on any device, training graphs too (tests; measurements). Chains the rule leaves to
+            Inductor are counted in ``compile_fusion_stats["left"]`` and each reason is logged once per
+            process as a warning (logger ``groupnorm_ext``).
 
     Raises:
         ValueError: ``when`` is not ``"auto"`` or ``"always"``.

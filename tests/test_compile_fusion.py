@@ -71,7 +71,7 @@ def test_fires_and_matches_eager_training(device, act, fusion):
     comp = torch.compile(model, fullgraph=True)
     out = comp(x)
     g = torch.autograd.grad((out * out).sum(), [x, *model.parameters()])
-    assert fusion() == {"group_norm_act": 2, "residual": 1}
+    assert fusion() == {"group_norm_act": 2, "residual": 1, "left": 0}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
@@ -166,7 +166,7 @@ def test_chains_left_alone(fusion):
     m = perturb_params(M())
     x, b = rand_input((2, 16, 5, 5), torch.float32, "cpu"), torch.randn(16, 1, 1)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, b), m(x, b), rtol=1e-4, atol=1e-4)
-    assert fusion() == {"group_norm_act": 1, "residual": 0}
+    assert fusion() == {"group_norm_act": 1, "residual": 0, "left": 0}
 
 
 def test_auto_rule():
@@ -193,6 +193,33 @@ def test_auto_rule():
     assert not rule(cuda, cuda, (w64, None), "always")
     with pytest.raises(ValueError, match="when must be 'auto' or 'always', got 'sometimes'"):
         ge.enable_compile_fusion(when="sometimes")
+
+
+def test_chains_left_by_the_rule_are_counted_and_warned_once(caplog):
+    """when='auto' on CPU tensors: the matched chains stay with Inductor, counted in compile_fusion_stats['left'],
+    and the reason is logged as a warning once per process (Dynamo's graph run through the pass alone)."""
+    import logging
+
+    def backend(gm, example_inputs):
+        compile_fusion._rewrite(gm.graph, "auto")
+        gm.recompile()
+        return gm.forward
+
+    model = perturb_params(Block(C=16, G=4)).eval()
+    compile_fusion._warned.discard("not a CUDA tensor (when='auto')")
+    before = compile_fusion.compile_fusion_stats["left"]
+    torch._dynamo.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="groupnorm_ext"), torch.no_grad():
+            f = torch.compile(model, backend=backend, dynamic=False)
+            for shape in ((2, 16, 8, 8), (1, 16, 6, 6)):  # two graphs
+                x = rand_input(shape, torch.float32, "cpu")
+                torch.testing.assert_close(f(x), model(x))
+    finally:
+        torch._dynamo.reset()
+    assert compile_fusion.compile_fusion_stats["left"] - before == 4  # 2 chains per graph
+    warned = [r.getMessage() for r in caplog.records if "left to Inductor" in r.getMessage()]
+    assert len(warned) == 1 and "2 GroupNorm->activation chain(s)" in warned[0] and "not a CUDA tensor" in warned[0]
 
 
 def test_enable_disable_keeps_a_previous_pass():
