@@ -6,44 +6,51 @@
 namespace gnext {
 namespace {
 
+// The forward epilogue: act(.) + residual.
+Pointwise forward_pointwise(const char* op, const std::string& activation, const OptTensor& residual) {
+  Pointwise pw;
+  pw.act = parse_activation(op, activation);
+  pw.residual = residual;
+  return pw;
+}
+
+// The backward's act' at the GroupNorm's output, which it recomputes: that needs the GroupNorm's bias.
+Pointwise backward_pointwise(const char* op, const std::string& activation, const OptTensor& bias) {
+  Pointwise pw;
+  pw.act = parse_activation(op, activation);
+  pw.gn_bias = bias;
+  return pw;
+}
+
 std::tuple<Tensor, Tensor, Tensor> group_norm_act_cuda(const Tensor& input, int64_t num_groups,
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
                                                        const std::string& activation, const OptTensor& residual) {
-  Pointwise pw;
-  pw.act = parse_activation("gnext.group_norm_act", activation);
-  pw.residual = residual;
-  return group_norm_cuda_pre("gnext.group_norm_act", input, num_groups, weight, bias, eps, pw);
+  constexpr const char* op = "gnext.group_norm_act";
+  return group_norm_cuda_pre(op, input, num_groups, weight, bias, eps, forward_pointwise(op, activation, residual));
 }
 
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_act_backward_cuda(
     const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
     const OptTensor& bias, int64_t num_groups, const std::string& activation, const std::vector<bool>& output_mask) {
   constexpr const char* op = "gnext.group_norm_act_backward";
-  Pointwise pw;
-  pw.act = parse_activation(op, activation);
-  pw.gn_bias = bias;
   return group_norm_backward_cuda_pre(op, grad_out, input, mean, rstd, weight, num_groups,
-                                      mask_array<3>(op, output_mask), pw);
+                                      mask_array<3>(op, output_mask), backward_pointwise(op, activation, bias));
 }
 
 Tensor group_norm_act_apply_cuda(const Tensor& input, const Tensor& mean, const Tensor& rstd, int64_t num_groups,
                                  const OptTensor& weight, const OptTensor& bias, const std::string& activation,
                                  const OptTensor& residual) {
   constexpr const char* op = "gnext.group_norm_act_apply";
-  Pointwise pw;
-  pw.act = parse_activation(op, activation);
-  pw.residual = residual;
-  return group_norm_apply_cuda_pre(op, input, mean, rstd, num_groups, weight, bias, pw);
+  return group_norm_apply_cuda_pre(op, input, mean, rstd, num_groups, weight, bias,
+                                   forward_pointwise(op, activation, residual));
 }
 
 Tensor group_norm_act_apply_backward_sums_cuda(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
                                                const Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
                                                int64_t num_groups, const std::string& activation) {
   constexpr const char* op = "gnext.group_norm_act_apply_backward_sums";
-  Pointwise pw;
-  pw.act = parse_activation(op, activation);
-  pw.gn_bias = bias;
-  return group_norm_backward_sums_cuda_pre(op, grad_out, input, mean, rstd, weight, num_groups, pw);
+  return group_norm_backward_sums_cuda_pre(op, grad_out, input, mean, rstd, weight, num_groups,
+                                           backward_pointwise(op, activation, bias));
 }
 
 Tensor group_norm_act_apply_backward_cuda(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
@@ -51,10 +58,8 @@ Tensor group_norm_act_apply_backward_cuda(const Tensor& grad_out, const Tensor& 
                                           const Tensor& group_sums, int64_t num_groups,
                                           const std::string& activation) {
   constexpr const char* op = "gnext.group_norm_act_apply_backward";
-  Pointwise pw;
-  pw.act = parse_activation(op, activation);
-  pw.gn_bias = bias;
-  return group_norm_backward_apply_cuda_pre(op, grad_out, input, mean, rstd, weight, group_sums, num_groups, pw);
+  return group_norm_backward_apply_cuda_pre(op, grad_out, input, mean, rstd, weight, group_sums, num_groups,
+                                            backward_pointwise(op, activation, bias));
 }
 
 }  // namespace
