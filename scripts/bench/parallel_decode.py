@@ -124,22 +124,29 @@ def parallelize_decoder(decoder: nn.Module, group=None, norm: str = "gnext") -> 
     norm: "gnext" (SpatialGroupNorm, its default check="once": one host synchronization per layer and shape),
     "gnext_nocheck" (check=False: none), "allgather" (AllGatherGroupNorm) or "none" (the activation alone, _Act:
     not a decoder any more, for GroupNorm's share of the time)."""
-    from groupnorm_ext.distributed import SpatialGroupNorm
+    def rule(m):
+        if type(m).__name__ == "Attention":
+            return GatherAttention(m, group, norm), False
+        if isinstance(m, nn.Conv2d) and m.kernel_size[0] > 1:
+            assert m.stride == (1, 1), "the decoder has no strided convolutions"
+            return HaloConv2d(m, group), False
+        return _split_norm_rule(m, group, norm, 2)
 
-    def walk(m):
-        for name, child in list(m.named_children()):
-            if type(child).__name__ == "Attention":
-                setattr(m, name, GatherAttention(child, group, norm))
-            elif isinstance(child, nn.Conv2d) and child.kernel_size[0] > 1:
-                assert child.stride == (1, 1), "the decoder has no strided convolutions"
-                setattr(m, name, HaloConv2d(child, group))
-            elif isinstance(child, nn.GroupNorm) and not isinstance(child, SpatialGroupNorm):
-                setattr(m, name, _split_norm(child, group, norm, 2))
-            else:
-                walk(child)
+    return _replace(decoder, rule)
 
-    walk(decoder)
-    return decoder
+
+def _replace(module: nn.Module, rule) -> nn.Module:
+    """module, in place: depth first, each descendant m for which rule(m) returns (new, walk) replaced by new (whose
+    children are walked too when walk); the children of the others walked."""
+    for name, child in list(module.named_children()):
+        hit = rule(child)
+        if hit is None:
+            _replace(child, rule)
+        else:
+            setattr(module, name, hit[0])
+            if hit[1]:
+                _replace(hit[0], rule)
+    return module
 
 
 def _split_norm(gn: nn.Module, group, norm: str, dim: int) -> nn.Module:
@@ -147,6 +154,15 @@ def _split_norm(gn: nn.Module, group, norm: str, dim: int) -> nn.Module:
 
     return (AllGatherGroupNorm(gn, group, dim) if norm == "allgather" else _Act(gn) if norm == "none" else
             convert_group_norm_spatial(gn, dim=dim, group=group, check=False if norm == "gnext_nocheck" else "once"))
+
+
+def _split_norm_rule(m: nn.Module, group, norm: str, dim: int):
+    """_replace's rule for a GroupNorm not split yet: (its split along dim as `norm` says, False), else None."""
+    from groupnorm_ext.distributed import SpatialGroupNorm
+
+    if isinstance(m, nn.GroupNorm) and not isinstance(m, SpatialGroupNorm):
+        return _split_norm(m, group, norm, dim), False
+    return None
 
 
 class HaloCausalConv3d(nn.Module):
@@ -210,24 +226,15 @@ def parallelize_video_decoder(decoder: nn.Module, group=None, norm: str = "gnext
     """diffusers' HunyuanVideo VAE decoder split by rows of H (dim 3 of its 5-D activations), in place: causal
     convolutions with halo rows (HaloCausalConv3d), the mid block's attention over gathered keys (SplitMidBlock3D),
     every GroupNorm split as `norm` says (parallelize_decoder's values, along dim 3). Upsampling (nearest) is local."""
-    from groupnorm_ext.distributed import SpatialGroupNorm
+    def rule(m):
+        cls = type(m).__name__
+        if cls == "HunyuanVideoMidBlock3D":
+            return SplitMidBlock3D(m, group), True  # its resnets and attention norm split inside
+        if cls == "HunyuanVideoCausalConv3d":
+            return HaloCausalConv3d(m, group), False
+        return _split_norm_rule(m, group, norm, 3)
 
-    def walk(m):
-        for name, child in list(m.named_children()):
-            cls = type(child).__name__
-            if cls == "HunyuanVideoMidBlock3D":
-                new = SplitMidBlock3D(child, group)
-                setattr(m, name, new)
-                walk(new)
-            elif cls == "HunyuanVideoCausalConv3d":
-                setattr(m, name, HaloCausalConv3d(child, group))
-            elif isinstance(child, nn.GroupNorm) and not isinstance(child, SpatialGroupNorm):
-                setattr(m, name, _split_norm(child, group, norm, 3))
-            else:
-                walk(child)
-
-    walk(decoder)
-    return decoder
+    return _replace(decoder, rule)
 
 
 class _Act(nn.Module):
@@ -249,12 +256,7 @@ class _Act(nn.Module):
 
 def _without_group_norm(decoder: nn.Module) -> nn.Module:
     """Every GroupNorm (+activation) module replaced by its activation alone (_Act)."""
-    for name, child in list(decoder.named_children()):
-        if isinstance(child, nn.GroupNorm):
-            setattr(decoder, name, _Act(child))
-        else:
-            _without_group_norm(child)
-    return decoder
+    return _replace(decoder, lambda m: (_Act(m), False) if isinstance(m, nn.GroupNorm) else None)
 
 
 def _decode_with_group_norm_bytes(decoder: nn.Module, z: torch.Tensor, world: int) -> tuple[torch.Tensor, dict]:
