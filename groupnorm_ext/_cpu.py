@@ -263,7 +263,8 @@ def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, ou
     if input.is_contiguous() and _shift(mean, rstd) <= _ATEN_MAX_SHIFT:
         input = _canonical(input, torch.contiguous_format)
         dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(
-            _canonical(grad_out.contiguous(), torch.contiguous_format), input, mean.float().contiguous(), rstd.float().contiguous(), w, N, C, HxW, G, mask)
+            _canonical(grad_out.contiguous(), torch.contiguous_format), input, mean.float().contiguous(),
+            rstd.float().contiguous(), w, N, C, HxW, G, mask)
     else:
         xc = (input.float().reshape(N, G, -1) - mean.float().reshape(N, G, 1)).reshape(input.shape).contiguous()
         dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(

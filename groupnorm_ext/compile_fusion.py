@@ -99,8 +99,9 @@ def _fusable(x: torch.Tensor, y: torch.Tensor, params, when: str) -> bool:
 
 
 def _left_because(x: torch.Tensor, y: torch.Tensor, params, when: str) -> Optional[str]:
-    """Why the chain stays with Inductor, or None where it is rewritten. The rule. Always: floating input of 3-5 dims, output of the input's dtype (not under autocast,
-    which computes GroupNorm in float32), weight/bias of the input's dtype or float32. For
+    """Why the chain stays with Inductor, or None where it is rewritten. The rule. Always: floating input of 3-5
+    dims, output of the input's dtype (not under autocast, which computes GroupNorm in float32), weight/bias of the
+    input's dtype or float32. For
     when="auto" also: an inference graph (the output needs no grad: traced under no_grad or from
     inputs and parameters that need none), a CUDA tensor with at least _MIN_NUMEL elements (or a dynamic shape),
     3-D to 5-D (video VAEs: docs/decisions/compile-fusion.md).

@@ -214,6 +214,11 @@ class _ActivationGate(nn.Module):
         self.act = act
         self._fused: list[weakref.ref] = []  # outputs of the paired norms not yet seen here
 
+    def announce(self, out: torch.Tensor) -> torch.Tensor:
+        """Called by a paired norm with its output (returned): that tensor passes through here unchanged."""
+        self._fused.append(weakref.ref(out))
+        return out
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         for i, ref in enumerate(self._fused):
             if ref() is input:
@@ -228,9 +233,7 @@ class _GatedGroupNormAct(GroupNormAct):
     state_dict keys stay the norm's own)."""
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        out = super().forward(input, residual)
-        self.__dict__["_gate"]._fused.append(weakref.ref(out))
-        return out
+        return self.__dict__["_gate"].announce(super().forward(input, residual))
 
 
 class _ConsumerMode(TorchFunctionMode):

@@ -114,6 +114,14 @@ def _merged_stats(x, num_groups, eps, group):
     return ops.group_norm_moments_merge(moments, eps)
 
 
+def _group_sums(dsum, weight, count, num_groups):
+    """group_norm_act_apply_backward's group_sums (N, G, 2) float32 from the per-channel sums (N, C, 2) of every
+    shard added up: the means over each whole group of weight * dy' * (x - mean) and weight * dy'."""
+    N, C = dsum.shape[:2]
+    wsum = dsum * weight.float().view(1, C, 1) if weight is not None else dsum
+    return (wsum.view(N, num_groups, C // num_groups, 2).sum(2).double() / count[..., None]).float()
+
+
 class _SpatialGroupNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x, weight, bias, residual, num_groups, eps, activation, group):
@@ -127,7 +135,7 @@ class _SpatialGroupNorm(torch.autograd.Function):
     def backward(ctx: Any, dout):
         x, weight, bias, mean, rstd, n = ctx.saved_tensors
         G, act, group = ctx.num_groups, ctx.activation, ctx.group
-        N, C = x.shape[:2]
+        C = x.shape[1]
         need_x, need_w, need_b, need_r = ctx.needs_input_grad[:4]
         dres = dout if need_r else None
         # Per channel of this shard: (sum dy' (x - mean), sum dy'), dy' the gradient at the GroupNorm's output;
@@ -136,9 +144,8 @@ class _SpatialGroupNorm(torch.autograd.Function):
         dsum = _all_reduce_sum(dsum, group)
         dx = None
         if need_x:
-            wsum = dsum * weight.float().view(1, C, 1) if weight is not None else dsum
-            gsum = (wsum.view(N, G, C // G, 2).sum(2).double() / n[..., None]).float()
-            dx = ops.group_norm_act_apply_backward(dout, x, mean, rstd, weight, bias, gsum, G, act)
+            dx = ops.group_norm_act_apply_backward(dout, x, mean, rstd, weight, bias, _group_sums(dsum, weight, n, G),
+                                                   G, act)
         dweight = dbias = None
         if need_w and weight is not None:
             dweight = (dsum[..., 0] * rstd.repeat_interleave(C // G, 1)).sum(0).to(weight.dtype)
@@ -215,11 +222,7 @@ class _GatedSpatialGroupNorm(SpatialGroupNorm):
     activation gate, telling the gate which tensor it produced (the gate applies the activation to any other)."""
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        import weakref
-
-        out = super().forward(input, residual)
-        self.__dict__["_gate"]._fused.append(weakref.ref(out))
-        return out
+        return self.__dict__["_gate"].announce(super().forward(input, residual))
 
 
 def convert_group_norm_spatial(module: nn.Module, *, dim: int = 2, group=None,
