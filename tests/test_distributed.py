@@ -118,8 +118,8 @@ def _cuda_graph_case(rank, dev):
     got = out.detach().clone(), x.grad.clone(), net.weight.grad.clone(), net.bias.grad.clone()
     want = step()
     want = want.detach(), x.grad, net.weight.grad, net.bias.grad
-    # The graph (it holds NCCL work) is released before any assertion, so that a failing rank does not tear down its
-    # process group under a live graph (a variant of this test without the replay hung instead of failing).
+    # The graph (it holds NCCL work) is released before any assertion: a failing rank that tears down its process
+    # group under a live graph hangs instead of failing.
     del graph, out
     torch.cuda.synchronize()
     for a, b in zip(got, want):
@@ -194,10 +194,9 @@ def _run(rank, world, init, errfile, backend):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    # A rank that passed leaves without the interpreter's teardown: there, torch's threads of the spawned CPU rank
-    # sometimes ended in std::terminate ("terminate called without an active exception", SIGABRT, no Python frame)
-    # after every check had passed: in about 1 of 100 local runs of the 2-rank gloo test, and in CI's CPU-only step.
-    # Cause not found (gnext starts no threads).
+    # A rank that passed leaves without the interpreter's teardown, where a spawned CPU rank now and then dies in
+    # std::terminate ("terminate called without an active exception", SIGABRT, no Python frame) after every check
+    # passed. Cause not found (gnext starts no threads).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
