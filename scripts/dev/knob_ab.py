@@ -8,6 +8,8 @@ random order, median and min-max over rounds. --graph N times N back-to-back cal
 graph instead (GPU time per call in a chain of ops, launch boundaries included, no host time). Diagnostic
 for a kernel or launch change behind a knob; speed claims come from scripts/bench.
     python scripts/dev/knob_ab.py --env GNEXT_PDL=0,1 --shape 1,128,1024,1024:32:float16:cl [--rounds 7] [--graph 50]
+--col compares settings of several knobs instead, one column each (NAME=V, joined by '+'):
+    python scripts/dev/knob_ab.py --col GNEXT_ONEPASS=0 --col GNEXT_ONEPASS=2+GNEXT_ONEPASS_NBUF=4 --shape ...
 --conv: the fused ConvTranspose2d(C -> C, 3x3)+GELU+GroupNorm (L2#19's op) on an input of each shape instead,
 forward and backward (inputs without requires_grad: no autograd graph is kept).
 """
@@ -61,10 +63,10 @@ def cases(shape, G, dtype, fmt, act):
     return out
 
 
-def chain(fn, n, knob, value):
-    """A function returning the µs per call of n calls of fn captured in one CUDA graph (with knob=value at
+def chain(fn, n, knobs):
+    """A function returning the µs per call of n calls of fn captured in one CUDA graph (with the knobs set at
     capture), median of 20 replays."""
-    graph = with_tuning(lambda: cuda_graph(fn, n), **{knob: value})()
+    graph = with_tuning(lambda: cuda_graph(fn, n), **knobs)()
 
     def run():
         graph.replay()
@@ -81,7 +83,9 @@ def chain(fn, n, knob, value):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--env", required=True, metavar="NAME=V1,V2", help="the knob and its values")
+    ap.add_argument("--env", metavar="NAME=V1,V2", help="the knob and its values")
+    ap.add_argument("--col", action="append", metavar="NAME=V[+NAME=V...]",
+                    help="a column of knob settings (repeat; instead of --env)")
     ap.add_argument("--shape", action="append", required=True, metavar="N,C,H[,W[,D]]:G:DTYPE[:cl]")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-act", action="store_true", help="GroupNorm only")
@@ -92,8 +96,16 @@ def main():
                     help="time N back-to-back calls captured in one CUDA graph (per call; no L2 flush: the GPU "
                          "time of a chain of ops, as in a compiled model) instead of single calls")
     args = ap.parse_args()
-    knob, _, values = args.env.partition("=")
-    values = values.split(",")
+    if (args.env is None) == (args.col is None):
+        ap.error("give --env or --col")
+    if args.env:
+        knob, _, vals = args.env.partition("=")
+        values = vals.split(",")
+        settings = {v: {knob: v} for v in values}
+    else:
+        values = [f"c{i}" for i in range(len(args.col))]
+        settings = {v: dict(kv.split("=", 1) for kv in c.split("+")) for v, c in zip(values, args.col)}
+        knob = "; ".join(f"{v} = {c}" for v, c in zip(values, args.col))
     timer = Timer("cuda")
     rng = random.Random(0)
     how = f"{args.graph} calls in a CUDA graph, per call" if args.graph else "CUDA events, L2 flushed"
@@ -108,8 +120,8 @@ def main():
             if args.fwd and not name.endswith("fwd"):
                 continue
             times = {v: [] for v in values}
-            runs = {v: (chain(fn, args.graph, knob, v) if args.graph
-                        else with_tuning(lambda: 1e3 * timer(fn, min_reps=10, max_reps=50, budget_s=0.1), **{knob: v}))
+            runs = {v: (chain(fn, args.graph, settings[v]) if args.graph
+                        else with_tuning(lambda: 1e3 * timer(fn, min_reps=10, max_reps=50, budget_s=0.1), **settings[v]))
                     for v in values}
             for _ in range(args.rounds):
                 order = values[:]
