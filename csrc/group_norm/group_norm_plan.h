@@ -111,17 +111,25 @@ inline NhwcSplit nhwc_split(const Problem& p, int V, int64_t target) {
   return s;
 }
 
-// NCHW: each of the N*C rows split into K chunks (at most max_k) so that about `target` CTAs run; chunks start
-// on `align_vecs`-vector boundaries (1 KB at the default 64: a chunk starting mid cache line made every warp's
-// loads straddle one more line). Example: 1x128x2048x2048 bf16, 128 rows, target 528: K = 5 chunks of 839168
-// elements.
+// NCHW: each of the N*C rows split into K chunks (at most max_k) so that about `target` CTAs (a wave) run: at least
+// `target`, or, for the forward's passes (whole_waves), one chunk fewer per row where that fills the waves better
+// (the CTAs over whole waves of `target`); chunks start on `align_vecs`-vector boundaries (1 KB at the default 64:
+// a chunk starting mid cache line made every warp's loads straddle one more line). Example: 1x128x2048x2048 bf16
+// forward, 128 rows, target 528: K = 5 gives 640 CTAs, a second wave of 112 (0.61 of two waves), K = 4 gives 512
+// (0.97 of one): K = 4 chunks of 1048576 elements (docs/decisions/two-pass-split.md).
 struct RowSplit {
   int64_t K, chunk;
   int threads;
 };
-inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k, int64_t target, int64_t align_vecs) {
+inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k, int64_t target, int64_t align_vecs,
+                               bool whole_waves) {
   const int64_t rows = p.N * p.C;
-  const int64_t K = rows >= target ? 1 : std::min(ceil_div(target, rows), std::max<int64_t>(1, max_k));
+  auto fill = [&](int64_t k) {  // the CTAs' share of the waves they occupy
+    return static_cast<double>(rows * k) / static_cast<double>(ceil_div(rows * k, target) * target);
+  };
+  int64_t per_row = ceil_div(target, rows);
+  if (whole_waves && per_row > 1 && fill(per_row - 1) > fill(per_row) + 0.05) --per_row;
+  const int64_t K = rows >= target ? 1 : std::min(per_row, std::max<int64_t>(1, max_k));
   RowSplit s{};
   const int64_t align = V * std::max<int64_t>(1, align_vecs);
   s.chunk = round_up(ceil_div(p.HxW, K), align);
@@ -151,7 +159,7 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
     return g;
   }
   const RowSplit s = nchw_row_split(p, V, p.HxW / 4096, bwd ? bwd_target_ctas(d, t) : target_ctas(d, t),
-                                    t.chunk_align);
+                                    t.chunk_align, !bwd);
   g.K = s.K, g.chunk = s.chunk, g.threads = s.threads;
   return g;
 }
@@ -183,7 +191,7 @@ inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, bool b
     g.chunk = p.HxW;
     return g;
   }
-  const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta, target, t.chunk_align);
+  const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta, target, t.chunk_align, !bwd);
   g.rows_per_cta = 1;
   g.chunk = s.chunk;
   g.threads = s.threads;
