@@ -86,12 +86,14 @@ class Decoder(torch.nn.Module):
 
 
 class Encoder(torch.nn.Module):
-    def __init__(self, vae):
+    """The VAE's encoder alone (its decoder is neither converted, compiled nor kept in memory)."""
+
+    def __init__(self, encoder):
         super().__init__()
-        self.vae = vae
+        self.encoder = encoder
 
     def forward(self, x):
-        return self.vae.encoder(x)
+        return self.encoder(x)
 
 
 def _sample(o):
@@ -117,7 +119,7 @@ def build(row, dev, smoke):
         size = (1024 if "-1024-" in row else 512) // s
         fmt = torch.channels_last if row.endswith("cl") else torch.contiguous_format
         if "-enc-" in row:
-            return Encoder(vae), (image(size, 4).to(dev),), torch.float16, fmt, False
+            return Encoder(vae.encoder), (image(size, 4).to(dev),), torch.float16, fmt, False
         with torch.no_grad():  # real latents: the encoder's posterior mean of the image
             lat = vae.encode(image(size, 1).to(dev)).latent_dist.mean
         return Decoder(vae), (lat,), torch.float16, fmt, False
