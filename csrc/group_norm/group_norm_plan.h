@@ -322,10 +322,15 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, const R
       if (auto g = make(1, avail / bytes)) return g;
     if (nhwc) return std::nullopt;  // NHWC streamed through stages lost to two-pass (UNet 16x512x128x128 bf16)
     // Backward, streamed, groups of 3 or more tiles and more groups than SMs: two-pass wins (CTAs wait on their
-    // group wave after wave), except on tensors of >= 512 MiB, where two-pass's second read comes from DRAM.
+    // group wave after wave), except on tensors of >= 512 MiB, where two-pass's second read comes from DRAM. So it
+    // does for 16-bit whole-group tiles in more than one wave with an output activation (its derivative per element
+    // in the one-pass finish): H100 32x256x56x56 bf16 SiLU 127.9 -> 113.6 µs, ReLU 114.5 -> 108.9, 12x256x56x56
+    // SiLU 57.3 -> 49.5 (docs/decisions/onepass.md).
     const bool big = p.N * p.C * p.HxW * esize >= (int64_t{512} << 20);
     auto streamed = [&](const OnePassGeometry& g) -> std::optional<OnePassGeometry> {
       if (bwd && onepass != 2 && !big && g.T >= 3 && U > d.sms) return std::nullopt;
+      if (bwd && onepass != 2 && !big && r.act != kActIdentity && esize == 2 && g.T <= 2 && U > slots)
+        return std::nullopt;
       return g;
     };
     if (auto g = make(stages, avail / stages / bytes)) return streamed(*g);
