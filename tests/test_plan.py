@@ -63,6 +63,35 @@ def test_plan_choice(spec, fwd, bwd):
 
 
 @needs_planner
+def test_two_pass_forward_fills_whole_waves():
+    """NCHW rows split for the two-pass kernels (docs/decisions/two-pass-split.md): the forward takes 4 chunks per
+    row of a 128-row map (512 CTAs, one wave of 4 x 132) where 5 would start a second wave of 112; the backward keeps
+    at least its target (9 chunks of 1056); 512 rows keep 2 chunks (two full waves)."""
+    def chunks(text, direction):
+        part = text.split(f"{direction}: ")[1]
+        return int(part.split("reduce: ")[1].split(" chunk")[0])
+
+    _, _, text = _plan("1,128,2048,2048:32:bfloat16", "h200")
+    assert (chunks(text, "forward"), chunks(text, "backward")) == (4, 9)
+    _, _, text = _plan("2,256,256,256:32:float32", "h200")
+    assert chunks(text, "forward") == 2
+
+
+@needs_planner
+@pytest.mark.parametrize("spec,act,bwd", [
+    ("32,256,56,56:32:bfloat16", "silu", "two-pass"),  # 1024 groups of 2 tiles, 16-bit, with an activation
+    ("12,256,56,56:32:bfloat16", "relu", "two-pass"),
+    ("32,256,56,56:32:bfloat16", "identity", "one-pass"),  # no activation
+    ("8,256,56,56:32:bfloat16", "silu", "one-pass"),  # 256 groups: one wave
+    ("32,512,28,28:32:float32", "silu", "one-pass"),  # float32
+])
+def test_backward_with_activation_two_pass_for_many_16bit_groups(spec, act, bwd):
+    """docs/decisions/onepass.md: the streamed one-pass backward loses to two-pass with an output activation on
+    16-bit groups of <= 2 tiles in more than a wave (H100)."""
+    assert _plan(spec, "h100", act)[1] == bwd
+
+
+@needs_planner
 def test_tuning_overrides_change_the_plan():
     before = groupnorm_ext.set_tuning({"ONEPASS": 0, "GNEXT_WIDE_NHWC": 0})
     try:
