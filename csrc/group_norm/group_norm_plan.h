@@ -127,9 +127,12 @@ inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k, int64_t t
   auto fill = [&](int64_t k) {  // the CTAs' share of the waves they occupy
     return static_cast<double>(rows * k) / static_cast<double>(ceil_div(rows * k, target) * target);
   };
-  int64_t per_row = ceil_div(target, rows);
-  if (whole_waves && per_row > 1 && fill(per_row - 1) > fill(per_row) + 0.05) --per_row;
-  const int64_t K = rows >= target ? 1 : std::min(per_row, std::max<int64_t>(1, max_k));
+  int64_t K = 1;
+  if (rows < target) {
+    K = ceil_div(target, rows);  // >= 2
+    if (whole_waves && fill(K - 1) > fill(K) + 0.05) --K;
+    K = std::min(K, std::max<int64_t>(1, max_k));
+  }
   RowSplit s{};
   const int64_t align = V * std::max<int64_t>(1, align_vecs);
   s.chunk = round_up(ceil_div(p.HxW, K), align);
@@ -323,14 +326,14 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, const R
     if (nhwc) return std::nullopt;  // NHWC streamed through stages lost to two-pass (UNet 16x512x128x128 bf16)
     // Backward, streamed, groups of 3 or more tiles and more groups than SMs: two-pass wins (CTAs wait on their
     // group wave after wave), except on tensors of >= 512 MiB, where two-pass's second read comes from DRAM. So it
-    // does for 16-bit whole-group tiles in more than one wave with an output activation (its derivative per element
-    // in the one-pass finish): H100 32x256x56x56 bf16 SiLU 127.9 -> 113.6 µs, ReLU 114.5 -> 108.9, 12x256x56x56
-    // SiLU 57.3 -> 49.5 (docs/decisions/onepass.md).
+    // does, with an output activation (its derivative per element in the one-pass finish), for 16-bit groups of one
+    // or two tiles that outnumber the CTA slots: H100 32x256x56x56 bf16 GroupNorm+SiLU backward 125.7 -> 113.5 µs
+    // (docs/decisions/onepass.md).
     const bool big = p.N * p.C * p.HxW * esize >= (int64_t{512} << 20);
     auto streamed = [&](const OnePassGeometry& g) -> std::optional<OnePassGeometry> {
-      if (bwd && onepass != 2 && !big && g.T >= 3 && U > d.sms) return std::nullopt;
-      if (bwd && onepass != 2 && !big && r.act != kActIdentity && esize == 2 && g.T <= 2 && U > slots)
-        return std::nullopt;
+      if (!bwd || onepass == 2 || big) return g;
+      if (g.T >= 3 && U > d.sms) return std::nullopt;
+      if (r.act != kActIdentity && esize == 2 && U > slots) return std::nullopt;  // here g.T <= 2
       return g;
     };
     if (auto g = make(stages, avail / stages / bytes)) return streamed(*g);
