@@ -521,6 +521,18 @@ def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels):
 
 
 @pytest.mark.gpu
+def test_gpu_bulk_forward_is_one_launch():
+    """A UNet/VAE map of 8 MiB groups (1x512x512x512 fp16, G = 32: 16 chunks of 4 KiB per SM) takes the bulk
+    forward by the rule on sm_90+: one launch (+ the counters' memset)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    x = rand_input((1, 512, 512, 512), torch.float16, "cuda")
+    w = torch.rand(512, device="cuda", dtype=torch.float16) + 0.5
+    fwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, w, w, 1e-5))
+    assert len(fwd) == 1 and "bulk_forward" in fwd[0], fwd
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gpu_ragged_forward_is_one_launch(dtype, tuning):
     """ResNet-GN 7x7 (HxW = 49, not a multiple of the vector): the forward runs the vectorized one-pass
@@ -539,13 +551,15 @@ def test_gpu_ragged_forward_is_one_launch(dtype, tuning):
 @pytest.mark.parametrize("shape,G,fmt", [((4, 32, 512, 512), 8, None), ((16, 64, 96, 96), 8, None),
                                          ((2, 320, 64, 64), 32, None), ((2, 64, 96, 96), 8, None),
                                          ((16, 512, 32, 32), 32, CL), ((1, 128, 256, 256), 32, CL)], ids=str)
-@pytest.mark.parametrize("knobs", ["GNEXT_ONEPASS=2", "GNEXT_ONEPASS=0", "GNEXT_ONEPASS=0,GNEXT_WIDE_NHWC=2"])
+@pytest.mark.parametrize("knobs", ["GNEXT_ONEPASS=2", "GNEXT_ONEPASS=0", "GNEXT_ONEPASS=0,GNEXT_WIDE_NHWC=2",
+                                   "GNEXT_BULK=2"])
 def test_gpu_cuda_graph_replay(shape, G, fmt, knobs, tuning):
     """Forward + backward captured in a CUDA graph (memset of the counters and cooperative
     launches included) give the same bits on replay as eagerly, for fresh inputs copied in.
     GNEXT_ONEPASS=2: the channels_last shapes take the NHWC one-pass kernel too; GNEXT_ONEPASS=0: the
     two-pass kernels (programmatic dependent launches captured as graph edges); GNEXT_WIDE_NHWC=2: the
-    channels_last shapes take the channels_last wide forward."""
+    channels_last shapes take the channels_last wide forward; GNEXT_BULK=2: the NCHW forwards take the bulk
+    kernel (sm_90+)."""
     for knob in knobs.split(","):
         tuning.set(*knob.split("="))
     x = rand_input(shape, torch.float32, "cuda", memory_format=fmt)

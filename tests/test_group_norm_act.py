@@ -141,6 +141,24 @@ def test_wide_forward(act, tuning):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "tanh_hardswish"])
+@pytest.mark.parametrize("ahead", ["1", "2"])
+def test_bulk_forward(act, ahead, tuning):
+    """The bulk forward (forced: GNEXT_BULK=2; sm_90+) with each epilogue, with and without a residual and affine,
+    at both look-aheads: 4 KiB chunks that straddle channels (float32 HxW = 1600: 6400-byte channels), partial last
+    chunks, CTAs without a chunk (7 chunks per group on a grid of one CTA per SM), G = 1 and G = C, N = 1; output
+    and gradients (the backward reads the forward's mean/rstd) against float64."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    tuning.set("GNEXT_BULK", "2")
+    tuning.set("GNEXT_BULK_AHEAD", ahead)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        _check("cuda", dtype, None, (2, 16, 40, 40), 4, act, with_res=True, seed=17)
+        _check("cuda", dtype, None, (1, 8, 24, 48), 1, act, with_res=False, seed=19)
+        _check("cuda", dtype, None, (3, 6, 16, 16), 6, act, with_res=True, affine=False, seed=23)
+
+
+@pytest.mark.gpu
 def test_wide_kernels_large_shared_memory(tuning):
     """Wide kernels of several activations in one process, each with over 48 KB of shared memory per CTA
     (each kernel's limit must be raised on its own), forward and backward, against the two-pass kernels."""

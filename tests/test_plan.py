@@ -37,16 +37,35 @@ def _plan(spec, device, act="identity"):
 
 @needs_planner
 def test_bandwidth_rule_differs_between_h100_and_h200():
-    """L1#35's 896 groups of 8 MiB: the persistent one-pass forward on the H100 (3352 GB/s), the streamed
-    two-pass kernels on the H200 (4814 GB/s, >= 3.8 TB/s) (docs/decisions/persistent-vs-streamed.md)."""
-    assert _plan("112,64,512,512:8:float32", "h100")[0] == "one-pass"
-    fwd, _, text = _plan("112,64,512,512:8:float32", "h200")
+    """L2#19's GroupNorm, 1024 groups of 2.1 MB (too few chunks per SM for the bulk forward): the persistent
+    one-pass forward on the H100 (3352 GB/s), the streamed two-pass kernels on the H200 (4814 GB/s, >= 3.8 TB/s)
+    (docs/decisions/persistent-vs-streamed.md)."""
+    assert _plan("128,64,258,258:8:float32", "h100")[0] == "one-pass"
+    fwd, _, text = _plan("128,64,258,258:8:float32", "h200")
     assert fwd == "two-pass" and "3.8 TB/s" in text
     # Few groups (32 < 64) keep the one-pass plan on both.
-    assert _plan("1,128,1024,1024:32:float16", "h200")[0] == "one-pass"
+    assert _plan("1,512,256,256:32:float32", "h200")[0] == "one-pass"
     # Wide NCHW kernels: the H100 only.
     assert _plan("1,128,2048,2048:32:bfloat16", "h100")[:2] == ("wide", "wide")
     assert _plan("1,128,2048,2048:32:bfloat16", "h200")[:2] == ("two-pass", "two-pass")
+
+
+@needs_planner
+def test_bulk_rule():
+    """Slices of more than 8 chunks of 4 KiB per SM take the bulk forward on sm_90 devices below 3.8 TB/s (measured
+    on the H100; docs/decisions/bulk.md): 8 MiB groups (16 chunks per SM on 132 SMs) with look-ahead 2; 12.6 MB
+    groups (24 chunks) with look-ahead 1; 4 MiB groups (8 chunks) and 16.8 MB groups (too large for the ring) keep
+    their plans; not on sm_80 (no bulk copies), not for channels_last inputs, never in the backward; the H200 keeps
+    its plans unless forced (GNEXT_BULK=2)."""
+    fwd, bwd, text = _plan("1,128,1024,1024:32:float16", "h100")
+    assert fwd == "bulk" and bwd != "bulk" and "look-ahead 2" in text, text
+    assert _plan("112,64,512,512:8:float32", "h100")[0] == "bulk"
+    fwd, _, text = _plan("1,192,1024,1024:32:float16", "h100")
+    assert fwd == "bulk" and "look-ahead 1" in text, text
+    for spec in ("2,256,512,512:32:bfloat16", "1,256,1024,1024:32:bfloat16", "1,128,1024,1024:32:float16:cl"):
+        assert _plan(spec, "h100")[0] != "bulk", spec
+    assert _plan("1,128,1024,1024:32:float16", "a100")[0] != "bulk"
+    assert _plan("1,128,1024,1024:32:float16", "h200")[0] != "bulk"
 
 
 @needs_planner

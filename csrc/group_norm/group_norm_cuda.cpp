@@ -161,6 +161,9 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
       return run_persistent(0, Counters{}, [&](const OnePassArgs& a) {
         return gn::launch_small_forward(t, p, plan.small, a, stream);
       });
+    case Kernel::kBulk:  // partials per (group, CTA)
+      return run_persistent(s.N * s.G * plan.bulk.grid * 3, zeroed_counters(mean, s.N * s.G, stream),
+                            [&](const OnePassArgs& a) { return gn::launch_bulk_forward(t, p, plan.bulk, a, stream); });
     case Kernel::kOnePass:  // partials per (tile, group)
       return run_persistent(s.N * s.G * plan.onepass.T * 3, onepass_counters(plan.onepass, mean, stream),
                             [&](const OnePassArgs& a) { return gn::launch_onepass(false, t, p, plan.onepass, a, stream); });
@@ -280,6 +283,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_impl(
     case Kernel::kWide:  // partials: a float4 per (group, CTA)
       return run_persistent(s.N * s.G * plan.wide.grid * 4, zeroed_counters(mean_c, s.N * s.G, stream),
                             [&](const OnePassArgs& a) { return gn::launch_wide_backward(t, p, plan.wide, a, stream); });
+    case Kernel::kBulk:  // forward only: not planned for the backward
     case Kernel::kWideNhwc:
     case Kernel::kTwoPass:
       break;

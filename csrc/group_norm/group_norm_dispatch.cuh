@@ -105,6 +105,19 @@ cudaError_t launch_dependent(Kernel kernel, dim3 grid, dim3 block, size_t smem, 
   return launch_ex(kernel, grid, block, smem, stream, pdl_enabled() ? &attr : nullptr, args...);
 }
 
+// Launch of a persistent kernel: `grid` CTAs of `threads`, `smem` bytes of dynamic shared memory, all CTAs
+// co-resident (cooperative launch) when they wait on each other. `Tag`: see raise_smem_limit.
+template <typename Tag, typename Kernel, typename... Args>
+cudaError_t launch_persistent(Kernel kernel, unsigned grid, int threads, size_t smem, bool cooperative,
+                              cudaStream_t stream, Args... args) {
+  const cudaError_t e = raise_smem_limit<Tag>(kernel, smem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  return launch_ex(kernel, dim3(grid), dim3(threads), smem, stream, cooperative ? &attr : nullptr, args...);
+}
+
 // Pointwise mode (pw_mode in common/pointwise.h) as a compile-time constant: all kPwModes, or only
 // the prologue modes (kernels that an output activation does not change: the forward reduction).
 template <typename F>

@@ -152,6 +152,27 @@ cudaError_t launch_wide_nhwc_forward(ScalarKind t, const Problem& p, const WideG
 cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream);
 
+// "Bulk" forward (group_norm_bulk.cuh, sm_90+): NCHW groups of a few MB, one persistent CTA per SM owning a slice
+// of every group, copied from DRAM into a ring of shared-memory chunks by a producer warp (cp.async.bulk) and
+// normalized from there; a publisher and a merger warp carry each group's grid-wide statistics. Takes OnePassArgs'
+// x, out, gamma, beta, wt, mean, rstd, partial (N*G*grid Welford states), counters (N*G, zero), eps and pw (output
+// activation and residual; no prologue).
+constexpr int kBulkMaxConsumers = 16;
+constexpr int kBulkMaxThreads = (kBulkMaxConsumers + 3) * 32;  // consumers, producer, publisher, merger
+constexpr int kBulkSlots = 4;                                   // per-group handshake slots: ahead <= 2
+constexpr int kBulkMaxStages = 64;
+constexpr size_t kBulkHeader = 2048;  // barriers and slots before the ring (<= 2 * 64 * 8 + 64 + 4 * 16 * 12 + 32)
+struct BulkGeometry {
+  unsigned grid;  // CTAs, one per SM (all co-resident: cooperative launch)
+  int consumers;  // consumer warps (<= kBulkMaxConsumers)
+  int chunk;      // bytes per copy and ring stage (a multiple of 16)
+  int stages;     // ring stages (<= kBulkMaxStages), >= (ahead + 1) * chunks per slice
+  int ahead;      // groups whose statistics run ahead of the one being normalized (1 or 2)
+  size_t smem;    // dynamic shared memory bytes: kBulkHeader + stages * chunk
+};
+cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
+                                cudaStream_t stream);
+
 // Small groups (group_norm_small.cu): NCHW groups of at most kSmallMaxVecs 16-byte vectors, each held in
 // registers by 2^lanes_log2 lanes of a warp (k vectors per lane); the group's sums by warp shuffles. Groups of
 // up to kSmallThreads * 8 vectors (lanes_log2 == kSmallCtaLog2): a CTA per group, sums through shared memory.

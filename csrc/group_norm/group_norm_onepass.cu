@@ -10,18 +10,6 @@ namespace gnext {
 namespace gn {
 
 namespace {
-// Launch of a persistent kernel: `grid` CTAs of `threads`, `smem` bytes of dynamic shared memory, all CTAs
-// co-resident (cooperative launch) when they wait on each other. `Tag`: see raise_smem_limit.
-template <typename Tag, typename Kernel, typename... Args>
-cudaError_t launch_persistent(Kernel kernel, unsigned grid, int threads, size_t smem, bool cooperative,
-                              cudaStream_t stream, Args... args) {
-  const cudaError_t e = raise_smem_limit<Tag>(kernel, smem);
-  if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  return launch_ex(kernel, dim3(grid), dim3(threads), smem, stream, cooperative ? &attr : nullptr, args...);
-}
 // Tags of launch_persistent: one-pass kernels by (T, kernel id), wide kernels by (T, activation, bwd).
 template <typename T, int Id>
 struct OnePassTag {};

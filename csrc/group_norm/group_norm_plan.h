@@ -6,9 +6,9 @@
 // launches, and `python -m groupnorm_ext --plan` prints the same plans for any device.
 //
 // Choice order, forward: layout (NHWC for channels_last when its shared memory fits) -> small-group kernel
-// (groups of <= 4 KB in registers) -> one-pass (groups held in shared memory across a persistent grid) -> wide
-// (one CTA per SM holding a slice of each large group; NCHW, or channels_last single images) -> two-pass
-// (reduce, finalize, elementwise). Backward: small-group -> layout -> one-pass -> wide -> two-pass.
+// (groups of <= 4 KB in registers) -> bulk (NCHW groups of a few MB streamed through shared memory, sm_90+) ->
+// one-pass (groups held in shared memory across a persistent grid) -> wide (one CTA per SM holding a slice of
+// each large group; NCHW, or channels_last single images) -> two-pass (reduce, finalize, elementwise). Backward: small-group -> layout -> one-pass -> wide -> two-pass.
 //
 // The model behind the rules. Every design reads and writes the tensor; what differs is the bytes moved and
 // the bytes each SM keeps in flight. Two-pass: forward 2R + 1W, backward 3R + 1W (the second reads often hit
@@ -56,12 +56,13 @@ struct Request {
   bool need_dx = true;     // backward: grad_input wanted
 };
 
-enum class Kernel : int { kSmall, kOnePass, kWide, kWideNhwc, kTwoPass };
+enum class Kernel : int { kSmall, kBulk, kOnePass, kWide, kWideNhwc, kTwoPass };
 
 struct Plan {
   Kernel kernel = Kernel::kTwoPass;
   bool nhwc = false;  // the kernels' layout
   SmallGeometry small{};
+  BulkGeometry bulk{};
   OnePassGeometry onepass{};
   WideGeometry wide{};
   ReduceGeometry reduce{};  // two-pass
@@ -516,6 +517,45 @@ inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, const Re
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Bulk forward (group_norm_bulk.cuh, sm_90+): one CTA per SM, a slice of cnt chunks of every NCHW group, copied into
+// a ring of shared-memory chunks by bulk asynchronous copies and normalized from there. The ring holds the slices
+// of ahead + 1 groups plus kBulkSpareStages chunks being copied; ahead = 2 where that fits (the statistics of a
+// group are complete two groups before they are needed), else 1. The bytes in flight per SM are the free stages,
+// not registers: it streams where the one-pass kernels do not (docs/decisions/bulk.md). It runs for slices of more
+// than 8 chunks: below that the grid-wide chain per group (a few µs) is not hidden (H100: 2 MiB groups, 4 chunks,
+// 1.4-1.7x slower than one-pass; 4 MiB groups, 8 chunks, -4% to +5%; 8 MiB groups, 16 chunks, 13-27% faster).
+// Example: 1x128x1024x1024 fp16, H100 (132 SMs, 227 KiB per block): 8 MiB groups = 2048 chunks of 4 KiB, 16 per
+// CTA; (2048 - 2048) / 4096 -> 55 stages, 3 x 16 + 4 <= 55: ahead 2, ring of 55 chunks.
+constexpr int kBulkChunk = 4096;
+constexpr int kBulkSpareStages = 4;
+constexpr int64_t kBulkMinChunks = 9;
+
+inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request& r, const Device& d,
+                                                 const Tuning& t) {
+  const int64_t esize = r.esize, L = p.D * p.HxW;
+  if (t.bulk == 0 || r.prologue || !r.contiguous || d.major < 9 || vector_width(esize, p.HxW, r.aligned) == 1 ||
+      L >= (int64_t{1} << 31))
+    return std::nullopt;
+  BulkGeometry g{};
+  g.grid = static_cast<unsigned>(d.sms);
+  g.consumers = std::clamp(t.bulk_consumers, 1, kBulkMaxConsumers);
+  g.chunk = kBulkChunk;
+  const int64_t cnt = ceil_div(ceil_div(L * esize, kBulkChunk), d.sms);  // chunks per slice, at most
+  g.stages = static_cast<int>(std::min<int64_t>(
+      kBulkMaxStages, (d.smem_per_block - static_cast<int64_t>(kBulkHeader)) / kBulkChunk));
+  const int want = t.bulk_ahead > 0 ? std::clamp(t.bulk_ahead, 1, kBulkSlots - 2) : kBulkSlots - 2;
+  g.ahead = 0;
+  for (int ahead = want; ahead >= 1 && g.ahead == 0; --ahead)
+    if ((ahead + 1) * cnt + kBulkSpareStages <= g.stages) g.ahead = ahead;
+  if (g.ahead == 0) return std::nullopt;
+  g.smem = kBulkHeader + static_cast<size_t>(g.stages) * kBulkChunk;
+  if (t.bulk == 2) return g;
+  // Measured on the H100 only: on faster memory (H200) the streamed kernels stay until it is measured there.
+  if (cnt < kBulkMinChunks || !persistent_kernels_pay(d.peak_gbs)) return std::nullopt;
+  return g;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // The plans.
 
 // The two-pass geometry (reduction, and the elementwise pass where one runs) of a plan whose layout is set.
@@ -537,6 +577,12 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
     plan.kernel = Kernel::kSmall, plan.small = *small, plan.why = "small-group: >= 64 groups of <= 4 KB, in registers";
     return plan;
   }
+  if (!plan.nhwc)
+    if (const auto g = bulk_geometry(p, r, d, t)) {
+      plan.kernel = Kernel::kBulk, plan.bulk = *g;
+      plan.why = "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies";
+      return plan;
+    }
   if (onepass_allows(r, plan.nhwc))
     if (const auto g = onepass_geometry(p, r, false, plan.nhwc, d, t)) {
       plan.kernel = Kernel::kOnePass, plan.onepass = *g;

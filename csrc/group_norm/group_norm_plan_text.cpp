@@ -30,6 +30,7 @@ std::string mib(int64_t bytes) {
 const char* kernel_name(gn::Kernel k) {
   switch (k) {
     case gn::Kernel::kSmall: return "small-group";
+    case gn::Kernel::kBulk: return "bulk";
     case gn::Kernel::kOnePass: return "one-pass";
     case gn::Kernel::kWide: return "wide";
     case gn::Kernel::kWideNhwc: return "wide channels_last";
@@ -50,6 +51,13 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
                g.grid, gn::kSmallThreads,
                g.lanes_log2 == gn::kSmallCtaLog2 ? "a CTA" : fmt("%d lanes", 1 << g.lanes_log2).c_str(), g.k, g.vec,
                g.kreg);
+      break;
+    }
+    case gn::Kernel::kBulk: {
+      const auto& g = pl.bulk;
+      s += fmt("  grid %u persistent CTAs x %d threads (%d consumer warps, producer, publisher, merger), %zu B shared "
+               "memory; ring of %d chunks of %d B, look-ahead %d group(s)\n",
+               g.grid, (g.consumers + 3) * 32, g.consumers, g.smem, g.stages, g.chunk, g.ahead);
       break;
     }
     case gn::Kernel::kOnePass: {
