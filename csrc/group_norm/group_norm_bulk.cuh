@@ -20,8 +20,9 @@
 //     every CTA (bitwise the same mean/rstd everywhere, no float atomics), hands mean/rstd to the consumers.
 // The publisher and merger take the grid-wide chain of a group (fence, arrival, wait, merge) off the consumers:
 // with ahead = 2 a group's statistics are complete two groups before they are needed.
-// Handshakes inside the CTA are mbarriers: full/empty per stage; per group slot (4 slots: ahead <= 2) "states
-// posted" (consumers -> publisher, count = consumers) and "statistics ready" (merger -> consumers, count 1).
+// Handshakes inside the CTA are mbarriers: full/empty per stage; per group slot (kBulkSlots of them, a slot reused
+// kBulkSlots groups later: safe while ahead <= kBulkSlots - 1) "states posted" (consumers -> publisher, count =
+// consumers) and "statistics ready" (merger -> consumers, count 1).
 // Deadlock freedom: every CTA is co-resident (cooperative launch); the ring holds (ahead + 1) slices, so the
 // statistics of group u + ahead never wait for a stage that only the normalize of group u would release.
 #pragma once

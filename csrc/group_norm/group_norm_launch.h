@@ -159,15 +159,15 @@ cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeome
 // activation and residual; no prologue).
 constexpr int kBulkMaxConsumers = 16;
 constexpr int kBulkMaxThreads = (kBulkMaxConsumers + 3) * 32;  // consumers, producer, publisher, merger
-constexpr int kBulkSlots = 4;                                   // per-group handshake slots: ahead <= 2
+constexpr int kBulkSlots = 6;                                   // per-group handshake slots: ahead <= 4
 constexpr int kBulkMaxStages = 64;
-constexpr size_t kBulkHeader = 2048;  // barriers and slots before the ring (<= 2 * 64 * 8 + 64 + 4 * 16 * 12 + 32)
+constexpr size_t kBulkHeader = 2560;  // barriers and slots before the ring (<= 2 * 64 * 8 + 96 + 6 * 16 * 12 + 48)
 struct BulkGeometry {
   unsigned grid;  // CTAs, one per SM (all co-resident: cooperative launch)
   int consumers;  // consumer warps (<= kBulkMaxConsumers)
   int chunk;      // bytes per copy and ring stage (a multiple of 16)
   int stages;     // ring stages (<= kBulkMaxStages), >= (ahead + 1) * chunks per slice
-  int ahead;      // groups whose statistics run ahead of the one being normalized (1 or 2)
+  int ahead;      // groups whose statistics run ahead of the one being normalized (1 .. kBulkSlots - 2)
   size_t smem;    // dynamic shared memory bytes: kBulkHeader + stages * chunk
 };
 cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,

@@ -519,13 +519,14 @@ inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, const Re
 // ---------------------------------------------------------------------------------------------------------------
 // Bulk forward (group_norm_bulk.cuh, sm_90+): one CTA per SM, a slice of cnt chunks of every NCHW group, copied into
 // a ring of shared-memory chunks by bulk asynchronous copies and normalized from there. The ring holds the slices
-// of ahead + 1 groups plus kBulkSpareStages chunks being copied; ahead = 2 where that fits (the statistics of a
-// group are complete two groups before they are needed), else 1. The bytes in flight per SM are the free stages,
-// not registers: it streams where the one-pass kernels do not (docs/decisions/bulk.md). It runs for slices of more
-// than 8 chunks: below that the grid-wide chain per group (a few µs) is not hidden (H100: 2 MiB groups, 4 chunks,
-// 1.4-1.7x slower than one-pass; 4 MiB groups, 8 chunks, -4% to +5%; 8 MiB groups, 16 chunks, 13-27% faster).
-// Example: 1x128x1024x1024 fp16, H100 (132 SMs, 227 KiB per block): 8 MiB groups = 2048 chunks of 4 KiB, 16 per
-// CTA; (2048 - 2048) / 4096 -> 55 stages, 3 x 16 + 4 <= 55: ahead 2, ring of 55 chunks.
+// of ahead + 1 groups plus kBulkSpareStages chunks being copied; ahead = the largest of 4 (kBulkSlots - 2) .. 1 that
+// fits (the statistics of a group are complete `ahead` groups before they are needed). The bytes in flight per SM
+// are the free stages, not registers: it streams where the one-pass kernels do not (docs/decisions/bulk.md). It
+// runs for slices of more than 8 chunks: below that the grid-wide chain per group (~3 µs, one group after another)
+// costs more than the group's DRAM time (H100: 2 MiB groups, 4 chunks, 1.7x slower than one-pass; 4 MiB groups,
+// 8 chunks, -10% to +2%; 8 MiB groups, 16 chunks, 13-27% faster).
+// Example: 1x128x1024x1024 fp16, H100 (132 SMs, 232448 B per block): 8 MiB groups = 2048 chunks of 4 KiB, 16 per
+// CTA; (232448 - 2560) / 4096 -> 56 stages; 5 x 16 + 4 and 4 x 16 + 4 exceed 56, 3 x 16 + 4 does not: ahead 2.
 constexpr int kBulkChunk = 4096;
 constexpr int kBulkSpareStages = 4;
 constexpr int64_t kBulkMinChunks = 9;
