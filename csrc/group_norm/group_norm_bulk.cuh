@@ -29,7 +29,7 @@
 #include <type_traits>
 
 #include "../common/device_utils.cuh"
-#include "group_norm_kernels.cuh"  // load_param
+#include "group_norm_kernels.cuh"  // load_param, warp_merge_partials
 #include "group_norm_launch.h"
 
 namespace gnext {
@@ -147,18 +147,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     for (int64_t u = 0; u < units; ++u) {
       if (lane == 0) wait_count(a.counters + u, nb);
       __syncwarp();
-      WelfordState m = WelfordOp::identity();
-      for (unsigned j0 = lane; j0 < nb; j0 += 8 * 32) {  // all loads of a lane before its merges
-        WelfordState q[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float* p = reinterpret_cast<const float*>(partial + u * nb + j0 + k * 32);
-          q[k] = j0 + k * 32 < nb ? WelfordState{__ldcg(p), __ldcg(p + 1), __ldcg(p + 2)} : WelfordOp::identity();
-        }
-#pragma unroll
-        for (int k = 0; k < 8; ++k) m = welford_merge(m, q[k]);
-      }
-      m = warp_reduce<WelfordOp>(m);
+      const WelfordState m = warp_merge_partials(partial + u * nb, nb, lane);
       if (lane == 0) {
         const float rstd = rsqrtf(fmaxf(m.m2 / m.n, 0.f) + a.eps);
         const int slot = static_cast<int>(u % kBulkSlots);

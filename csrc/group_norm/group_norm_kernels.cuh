@@ -32,6 +32,25 @@ __device__ __forceinline__ float load_param(const void* p, ScalarKind k, int64_t
   }
 }
 
+// One warp merges the grid's n Welford partials of a group, partial j at p[j] (written by other CTAs: read from
+// L2): lane l takes j = l, l + 32, ... in order with all 8 loads of a step issued before its merges (one L2 round
+// trip per 8 * 32 partials, not one per partial), then the lanes merge by warp_reduce. The same bits in every CTA
+// that runs it, no float atomics. Every lane returns the merged state.
+__device__ __forceinline__ WelfordState warp_merge_partials(const WelfordState* p, unsigned n, int lane) {
+  WelfordState m = WelfordOp::identity();
+  for (unsigned j0 = lane; j0 < n; j0 += 8 * 32) {
+    WelfordState q[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float* f = reinterpret_cast<const float*>(p + j0 + k * 32);
+      q[k] = j0 + k * 32 < n ? WelfordState{__ldcg(f), __ldcg(f + 1), __ldcg(f + 2)} : WelfordOp::identity();
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = welford_merge(m, q[k]);
+  }
+  return warp_reduce<WelfordOp>(m);
+}
+
 // out[e] = act((x[e] - mean) * rstd * gamma[c] + beta[c]) for the V elements at offset `off` of a group that starts
 // at channel c0, c = c0 + (off + e) / HxW (hw: HxW). A vector may straddle channels (HxW not a multiple of V):
 // one channel's parameters when it does not.

@@ -22,7 +22,7 @@
 #include <type_traits>
 
 #include "../common/device_utils.cuh"
-#include "group_norm_kernels.cuh"  // load_param
+#include "group_norm_kernels.cuh"  // load_param, warp_merge_partials
 #include "group_norm_launch.h"
 
 namespace gnext {
@@ -159,20 +159,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     if (threadIdx.x == 0) wait_count(a.counters + u, nb);
     __syncthreads();
     if (threadIdx.x < 32) {
-      // Lane l merges partials l, l + 32, ...: all its loads issued before the first merge (one L2 round
-      // trip, not one per partial; up to 8 * 32 CTAs at once).
-      WelfordState m = WelfordOp::identity();
-      for (unsigned j0 = threadIdx.x; j0 < nb; j0 += 8 * 32) {
-        WelfordState q[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float* p = reinterpret_cast<const float*>(partial + u * nb + j0 + k * 32);
-          q[k] = j0 + k * 32 < nb ? WelfordState{__ldcg(p), __ldcg(p + 1), __ldcg(p + 2)} : WelfordOp::identity();
-        }
-#pragma unroll
-        for (int k = 0; k < 8; ++k) m = welford_merge(m, q[k]);
-      }
-      m = warp_reduce<WelfordOp>(m);
+      const WelfordState m = warp_merge_partials(partial + u * nb, nb, threadIdx.x);
       if (threadIdx.x == 0) {
         const float rstd = rsqrtf(fmaxf(m.m2 / m.n, 0.f) + a.eps);
         stat = make_float2(m.mean, rstd);
