@@ -509,7 +509,8 @@ def _cuda_kernels(fn):
     ((4, 32, 512, 512), 8, torch.float32, None, 1, 2),
     ((2, 1280, 32, 32), 32, torch.float32, CL, 1, 2),
 ])
-def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels):
+def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels, tuning):
+    tuning.set("GNEXT_BULK_BWD", "0")  # 4x32x512x512 fp32's 4 MiB groups take the bulk backward by the rule
     x = rand_input(shape, dtype, "cuda", memory_format=fmt)
     w = torch.rand(shape[1], device="cuda", dtype=dtype) + 0.5
     dy = torch.randn_like(x)
@@ -533,6 +534,22 @@ def test_gpu_bulk_forward_is_one_launch():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape,G,dtype", [((4, 32, 512, 512), 8, torch.float32),   # 4 MiB groups: held
+                                           ((1, 128, 1024, 1024), 32, torch.float16)], ids=str)  # 8 MiB: streamed
+def test_gpu_bulk_backward_launches(shape, G, dtype):
+    """Groups whose slices of x and dy are 8 or more chunks per SM take the bulk backward by the rule on sm_90+:
+    the bulk kernel and the dgamma/dbeta reduction (+ the counters' memset)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    x = rand_input(shape, dtype, "cuda")
+    w = torch.rand(shape[1], device="cuda", dtype=dtype) + 0.5
+    dy = torch.randn_like(x)
+    _, mean, rstd = torch.ops.gnext.group_norm(x, G, w, w, 1e-5)
+    bwd = _cuda_kernels(lambda: torch.ops.gnext.group_norm_backward(dy, x, mean, rstd, w, G, [True, True, True]))
+    assert len(bwd) == 2 and "bulk_backward" in bwd[0] and "gamma_beta" in bwd[1], bwd
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gpu_ragged_forward_is_one_launch(dtype, tuning):
     """ResNet-GN 7x7 (HxW = 49, not a multiple of the vector): the forward runs the vectorized one-pass
@@ -552,14 +569,14 @@ def test_gpu_ragged_forward_is_one_launch(dtype, tuning):
                                          ((2, 320, 64, 64), 32, None), ((2, 64, 96, 96), 8, None),
                                          ((16, 512, 32, 32), 32, CL), ((1, 128, 256, 256), 32, CL)], ids=str)
 @pytest.mark.parametrize("knobs", ["GNEXT_ONEPASS=2", "GNEXT_ONEPASS=0", "GNEXT_ONEPASS=0,GNEXT_WIDE_NHWC=2",
-                                   "GNEXT_BULK=2"])
+                                   "GNEXT_BULK=2,GNEXT_BULK_BWD=2"])
 def test_gpu_cuda_graph_replay(shape, G, fmt, knobs, tuning):
     """Forward + backward captured in a CUDA graph (memset of the counters and cooperative
     launches included) give the same bits on replay as eagerly, for fresh inputs copied in.
     GNEXT_ONEPASS=2: the channels_last shapes take the NHWC one-pass kernel too; GNEXT_ONEPASS=0: the
     two-pass kernels (programmatic dependent launches captured as graph edges); GNEXT_WIDE_NHWC=2: the
-    channels_last shapes take the channels_last wide forward; GNEXT_BULK=2: the NCHW forwards take the bulk
-    kernel (sm_90+)."""
+    channels_last shapes take the channels_last wide forward; GNEXT_BULK=2, GNEXT_BULK_BWD=2: the NCHW forwards,
+    and the backwards whose slices fit in two channels, take the bulk kernels (sm_90+)."""
     for knob in knobs.split(","):
         tuning.set(*knob.split("="))
     x = rand_input(shape, torch.float32, "cuda", memory_format=fmt)

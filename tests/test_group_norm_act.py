@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import groupnorm_ext
 import groupnorm_ext as ge
+from groupnorm_ext._library import _C
 from conftest import BWD_TOL, DEVICES, FWD_TOL, act_ref, poison, rand_input, reference, rel_err
 
 CL = torch.channels_last
@@ -156,6 +158,34 @@ def test_bulk_forward(act, ahead, tuning):
         _check("cuda", dtype, None, (2, 16, 40, 40), 4, act, with_res=True, seed=17)
         _check("cuda", dtype, None, (1, 8, 24, 48), 1, act, with_res=False, seed=19)
         _check("cuda", dtype, None, (3, 6, 16, 16), 6, act, with_res=True, affine=False, seed=23)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "tanh_hardswish"])
+@pytest.mark.parametrize("ahead,hold", [("0", None), ("2", None), ("1", "2"), ("2", "0")],
+                         ids=["held-ahead0", "held-ahead2", "streamed-hold2", "streamed-hold0"])
+def test_bulk_backward(act, ahead, hold, tuning):
+    """The bulk backward (forced: GNEXT_BULK_BWD=2; sm_90+), the forward on its own plan, with each epilogue: every
+    chunk held in shared memory at look-ahead 0 and 2, and streamed (GNEXT_BULK_HOLD: 2 or no chunks of a slice
+    held, the rest read again for dx); chunks that straddle channels (HxW = 2304), slices of four chunks (1x2x512x512
+    float32, G = 1, N = 1), CTAs without chunks, G = C, no affine; grad_input, grad_weight and grad_bias against
+    float64. Each shape's backward plan is checked to be the bulk kernel in that mode, so the test cannot pass on
+    another one."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    tuning.set("GNEXT_BULK_BWD", "2")
+    tuning.set("GNEXT_BULK_AHEAD", ahead)
+    if hold is not None:
+        tuning.set("GNEXT_BULK_HOLD", hold)
+    cases = [((2, 16, 48, 48), 4, True, True), ((1, 2, 512, 512), 1, False, True), ((3, 6, 64, 64), 6, True, False)]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for shape, G, with_res, affine in cases:
+            N, C, H, W = shape
+            text = _C._plan((N, C, G, H * W), torch.empty((), dtype=dtype).element_size(), False,
+                            groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
+            bwd = text.split("backward: ")[1]
+            assert bwd.startswith("bulk") and ("streamed: " in bwd) == (hold is not None), text
+            _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=31)
 
 
 @pytest.mark.gpu

@@ -55,10 +55,10 @@ def test_bulk_rule():
     """Slices of more than 8 chunks of 4 KiB per SM take the bulk forward on sm_90 devices below 3.8 TB/s (measured
     on the H100; docs/decisions/bulk.md): 8 MiB groups (16 chunks per SM on 132 SMs) with look-ahead 2; 12.6 MB
     groups (24 chunks) with look-ahead 1; 4 MiB groups (8 chunks) and 16.8 MB groups (too large for the ring) keep
-    their plans; not on sm_80 (no bulk copies), not for channels_last inputs, never in the backward; the H200 keeps
-    its plans unless forced (GNEXT_BULK=2)."""
-    fwd, bwd, text = _plan("1,128,1024,1024:32:float16", "h100")
-    assert fwd == "bulk" and bwd != "bulk" and "look-ahead 2" in text, text
+    their plans; not on sm_80 (no bulk copies), not for channels_last inputs; the H200 keeps its plans unless forced
+    (GNEXT_BULK=2)."""
+    fwd, _, text = _plan("1,128,1024,1024:32:float16", "h100")
+    assert fwd == "bulk" and "look-ahead 2" in text.split("backward:")[0], text
     assert _plan("112,64,512,512:8:float32", "h100")[0] == "bulk"
     fwd, _, text = _plan("1,192,1024,1024:32:float16", "h100")
     assert fwd == "bulk" and "look-ahead 1" in text, text
@@ -66,6 +66,28 @@ def test_bulk_rule():
         assert _plan(spec, "h100")[0] != "bulk", spec
     assert _plan("1,128,1024,1024:32:float16", "a100")[0] != "bulk"
     assert _plan("1,128,1024,1024:32:float16", "h200")[0] != "bulk"
+
+
+@needs_planner
+def test_bulk_backward_rule():
+    """The bulk backward (H100; docs/decisions/bulk.md): slices of x and dy of at least 8 chunks per SM. 4 MiB
+    groups fit the ring three times (look-ahead 2); 8 MiB groups do not fit it twice and are streamed, 10 of their 16
+    chunks held and the rest read again from L2 (12.4 MiB in flight, within a quarter of L2); 12 MiB groups would
+    need 37 MiB of L2 and keep the wide kernel; 2 MiB groups (4 chunks) keep one-pass. With an output activation only
+    SiLU on 4-byte elements (the derivative, twice per element, outruns the 16 consumer warps on 2-byte ones and
+    for GELU). Never on the H200 (unmeasured) or sm_80."""
+    _, bwd, text = _plan("1,128,1024,1024:32:float16", "h100")
+    assert bwd == "bulk" and "streamed: 10 chunks" in text, text
+    _, bwd, text = _plan("1,512,256,256:32:float32", "h100")
+    assert bwd == "bulk" and "look-ahead 2" in text.split("backward:")[1] and "streamed" not in text, text
+    assert _plan("112,64,512,512:8:float32", "h100")[1] == "bulk"
+    assert _plan("16,64,512,512:8:float32", "h100", act="silu")[1] == "bulk"
+    for spec, act in (("1,192,1024,1024:32:float16", "identity"), ("4,128,512,512:32:float16", "identity"),
+                      ("1,128,1024,1024:32:float16", "silu"), ("2,256,512,512:32:bfloat16", "silu"),
+                      ("16,64,512,512:8:float32", "gelu")):
+        assert _plan(spec, "h100", act=act)[1] != "bulk", (spec, act)
+    for device in ("h200", "a100"):
+        assert _plan("1,128,1024,1024:32:float16", device)[1] != "bulk", device
 
 
 @needs_planner

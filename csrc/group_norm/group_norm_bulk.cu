@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Launcher of the bulk GroupNorm forward (group_norm_bulk.cuh); dispatch and launch only.
+// Launchers of the bulk GroupNorm forward and backward (group_norm_bulk.cuh); dispatch and launch only.
 // No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.
+#include <algorithm>
+
 #include "group_norm_bulk.cuh"
 #include "group_norm_dispatch.cuh"
 
@@ -10,13 +12,15 @@ namespace gn {
 namespace {
 template <typename T, int A>
 struct BulkTag {};
+template <typename T, int A>
+struct BulkBwdTag {};
 }  // namespace
 
 cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream) {
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || g.consumers < 1 ||
       g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 1 ||
-      g.ahead > kBulkSlots - 2)
+      g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, false) > kBulkHeader)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     using T = decltype(tt);
@@ -28,6 +32,38 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
                                              true, stream, a, g, p.N * p.G, p.D * p.HxW,
                                              FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G),
                                              static_cast<int>(p.D));
+    };
+    return with_int<0, kActCount>(pw_act(a.pw.mode), go);
+  });
+}
+
+cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
+                                 cudaStream_t stream) {
+  if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || a.out == nullptr || g.consumers < 1 ||
+      g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 0 ||
+      g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, true) > kBulkHeader ||
+      g.grid > static_cast<unsigned>(kBulkMaxGridBwd) ||
+      (g.stream && (g.hold < 0 || g.stages - (g.ahead + 1) * g.hold < 1)))
+    return cudaErrorInvalidValue;
+  const auto cnt_max = [&](int64_t esize) {  // chunks per slice, at most
+    return ((p.D * p.HxW * esize + g.chunk - 1) / g.chunk + g.grid - 1) / g.grid;
+  };
+  return with_scalar(t, [&](auto tt) -> cudaError_t {
+    using T = decltype(tt);
+    const int64_t E = g.chunk / static_cast<int64_t>(sizeof(T)), L = p.D * p.HxW;
+    const int64_t nc = (L + E - 1) / E;
+    // a slice within two channels: the kernel sums a slice's first and second channel
+    if (p.HxW % (16 / static_cast<int64_t>(sizeof(T))) != 0 || (nc + g.grid - 1) / g.grid * E > p.HxW)
+      return cudaErrorInvalidValue;
+    // streamed: a stage of its own for each warp that takes streamed chunks
+    const int64_t streaming = std::min<int64_t>(g.consumers, cnt_max(sizeof(T)) - g.hold);
+    if (g.stream && streaming > 0 && g.stages - (g.ahead + 1) * g.hold < streaming) return cudaErrorInvalidValue;
+    auto go = [&](auto aa) -> cudaError_t {
+      constexpr int A = decltype(aa)::value;
+      return launch_persistent<BulkBwdTag<T, A>>(bulk_backward_kernel<T, A>, g.grid, (g.consumers + 3) * 32, g.smem,
+                                                true, stream, a, g, p.N * p.G, L,
+                                                FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G),
+                                                static_cast<int>(p.D));
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// "Bulk" GroupNorm forward (sm_90+): NCHW groups of a few MB, read from DRAM once by bulk asynchronous copies
-// (cp.async.bulk into shared memory, completion on mbarriers) and normalized from shared memory. Geometry:
-// bulk_geometry (group_norm_plan.h); launch: group_norm_bulk.cu.
+// "Bulk" GroupNorm forward and backward (sm_90+): NCHW groups of a few MB, read from DRAM once by bulk asynchronous
+// copies (cp.async.bulk into shared memory, completion on mbarriers) and normalized from shared memory. Geometry:
+// bulk_geometry (group_norm_plan.h); launch: group_norm_bulk.cu. The forward is described here, the backward
+// (same warps and handshakes, x and dy in each stage) above bulk_backward_kernel.
 //
 // One persistent CTA per SM. Group u (L = D*HxW elements) is cut into chunks of `chunk` bytes; CTA b owns chunks
 // [b*nc/grid, (b+1)*nc/grid) of every group (its slice, `cnt` chunks), and its shared memory is a ring of
@@ -63,11 +64,16 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
         : "memory");
 #endif
 }
-// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared memory; `bar` completes when
-// they have landed (the caller has announced them with mbar_expect_tx).
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+// The producer's arrival on `bar`, announcing `bytes` of copies that complete on it.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 #ifdef GNEXT_BULK_SM90
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+#endif
+}
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared memory; `bar` completes when
+// they have landed (announced by mbar_expect_tx).
+__device__ __forceinline__ void bulk_copy_tx(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+#ifdef GNEXT_BULK_SM90
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
           smem_addr(dst)),
@@ -75,6 +81,15 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       : "memory");
 #endif
 }
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+  mbar_expect_tx(bar, bytes);
+  bulk_copy_tx(dst, src, bytes, bar, pol);
+}
+// A ring stage and how many times it was filled before (its barriers' phase).
+struct StageUse {
+  int st;
+  int64_t use;
+};
 // arrive() with a release reduction in place of a fence and an atomic.
 __device__ __forceinline__ void arrive_release(unsigned* counter) {
 #ifdef GNEXT_BULK_SM90
@@ -246,6 +261,306 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   for (int64_t u = 0; u < units; ++u) {
     if (u + g.ahead < units) statistics(u + g.ahead);
     normalize(u);
+  }
+#endif
+}
+
+// Backward of the same schedule (mean and rstd known from the forward): a ring stage holds chunk i of x and chunk i
+// of dy of the CTA's slice (2 * chunk bytes, one full barrier). Consumers take the slice's per-channel sums
+// (sum dy'*(x - mean), sum dy') of its first and second channel (slice <= HxW: at most two), dy' = dy * act'(n),
+// n = (x - mean) * rstd * gamma + beta, with an output activation. The publisher posts them as the CTA's float4
+// partial; the merger turns the grid's partials into the group's coefficients (mean, c2, rstd, c3), c2 = -rstd^3 *
+// A / L, c3 = -rstd * B / L with A = sum_c gamma_c * sum dy'*(x - mean), B = sum_c gamma_c * sum dy' (the same
+// order in every CTA), hands them to the consumers, which write dx = rstd*gamma_c*dy' + c2*(x - mean) + c3 from
+// shared memory; then it sums the partials of channels b, b + grid, ... of the group into dsum (for dgamma/dbeta,
+// a second kernel). DRAM 2R + 1W (two-pass: 4R + 1W). A slice of x and dy is twice the forward's, so a ring that
+// holds (ahead + 1) slices bounds the groups at half the size; beyond that (g.stream) part of each slice is kept
+// and the rest is read a second time, from L2, for dx (stage_use below), which keeps a look-ahead (ahead 0, the
+// whole slice held once, leaves every group's grid-wide wait exposed: H100 4 MiB fp32 groups 278 µs at ahead 0,
+// 175 at ahead 2).
+template <typename T, int A>
+__global__ void __launch_bounds__(kBulkMaxThreads, 1)
+    bulk_backward_kernel(OnePassArgs a, BulkGeometry g, int64_t units, int64_t L, FastDivmod hw, int G, int D) {
+#ifdef GNEXT_BULK_SM90
+  constexpr int V = 16 / sizeof(T);
+  using Vec = Pack<T, V>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int W = g.consumers;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + g.stages;
+  uint64_t* posted = empty + g.stages;    // [kBulkSlots]
+  uint64_t* ready = posted + kBulkSlots;  // [kBulkSlots]
+  auto* wsum = reinterpret_cast<float4*>(ready + kBulkSlots);  // [kBulkSlots][W]
+  auto* coefs = wsum + kBulkSlots * W;                          // [kBulkSlots]: (mean, c2, rstd, c3)
+  unsigned char* ring = smem + kBulkHeader;
+  const int64_t stage_bytes = 2 * static_cast<int64_t>(g.chunk);
+  const unsigned nb = gridDim.x;
+  const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t nc = (L * static_cast<int64_t>(sizeof(T)) + g.chunk - 1) / g.chunk;  // chunks per group
+  const int64_t lo = b * nc / nb, cnt = (b + 1) * nc / nb - lo;
+  const int64_t E = g.chunk / static_cast<int>(sizeof(T));  // elements per chunk
+  // The first channel of CTA j's slice (only CTAs with chunks have partials that are not zero).
+  auto first_channel = [&](int64_t j) {
+    return static_cast<int>(hw.div(static_cast<uint32_t>(min(j * nc / nb * E, L - 1))));
+  };
+  const int d_lo = first_channel(b);
+  auto* partial = reinterpret_cast<float4*>(a.partial);
+  auto* dsum = reinterpret_cast<float2*>(a.dsum);
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ dy = static_cast<const T*>(a.dy);
+  const int64_t C = static_cast<int64_t>(G) * D;
+  // Where chunk i of group u's slice lives. Retained mode (!g.stream): a ring of g.stages in order, every chunk kept
+  // until its dx. Streamed mode: chunks i < hold in a held region of (ahead + 1) * hold stages (group u in part
+  // u % (ahead + 1)), kept until dx; the others pass through the remaining S stages, released after the statistics
+  // and read again from L2 for dx (copied with an evict-last hint). use: how many times the stage was filled before.
+  // A consumer waits for a use by its parity, so a stage must never be two uses ahead of a waiter: in the held
+  // region and the retained ring the look-ahead guarantees it; the streamed stages are refilled as soon as the
+  // statistics release them, so each is private to the one warp that takes its chunks (chunk i -> warp i % W: the
+  // streaming warps' own rings of P = S / min(W, cnt - hold) stages each, taken in order).
+  const int H = g.stream ? g.hold : 0, R = g.ahead + 1;
+  const int S = g.stages - (g.stream ? R * H : 0);
+  const int64_t nsw = min(static_cast<int64_t>(W), cnt - H);  // streaming warps (streamed mode)
+  const int P = nsw > 0 ? static_cast<int>(S / nsw) : 0;
+  auto streamed = [&](int64_t i) { return g.stream && i >= H; };
+  auto stage_use = [&](int64_t u, int64_t i) {
+    if (!g.stream) {
+      const int64_t k = u * cnt + i;
+      return StageUse{static_cast<int>(k % g.stages), k / g.stages};
+    }
+    if (i < H) return StageUse{S + static_cast<int>(u % R) * H + static_cast<int>(i), u / R};
+    const int64_t j = i - H, ws = j % W;                 // the streaming warp's index
+    const int64_t q = u * ((cnt - H - ws + W - 1) / W) + j / W;  // its streamed chunks before this one
+    return StageUse{static_cast<int>(ws * P + q % P), q / P};
+  };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < g.stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);
+    for (int s = 0; s < kBulkSlots; ++s) mbar_init(&posted[s], W), mbar_init(&ready[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == W) {  // producer
+    if (lane == 0) {
+      const uint64_t pol = l2_policy_evict_first(), keep = l2_policy_evict_last();  // read once / read again in dx
+      const int64_t bytes_u = L * static_cast<int64_t>(sizeof(T));
+      for (int64_t u = 0; u < units; ++u)
+        for (int64_t i = 0; i < cnt; ++i) {
+          const StageUse su = stage_use(u, i);
+          if (su.use > 0) mbar_wait(&empty[su.st], static_cast<uint32_t>((su.use - 1) & 1));
+          const int64_t off = u * bytes_u + (lo + i) * g.chunk;
+          const auto bytes = static_cast<uint32_t>(min(static_cast<int64_t>(g.chunk), bytes_u - (lo + i) * g.chunk));
+          unsigned char* dst = ring + su.st * stage_bytes;
+          const uint64_t p = streamed(i) ? keep : pol;
+          mbar_expect_tx(&full[su.st], 2 * bytes);
+          bulk_copy_tx(dst, reinterpret_cast<const char*>(x) + off, bytes, &full[su.st], p);
+          bulk_copy_tx(dst + g.chunk, reinterpret_cast<const char*>(dy) + off, bytes, &full[su.st], p);
+        }
+    }
+    return;
+  }
+  if (warp == W + 1) {  // publisher
+    for (int64_t u = 0; u < units; ++u) {
+      const int slot = static_cast<int>(u % kBulkSlots);
+      mbar_wait(&posted[slot], static_cast<uint32_t>((u / kBulkSlots) & 1));
+      const float4 q = lane < W ? wsum[slot * W + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float2 s0 = warp_reduce<Sum2Op>(make_float2(q.x, q.y)), s1 = warp_reduce<Sum2Op>(make_float2(q.z, q.w));
+      if (lane == 0) {
+        partial[u * nb + b] = make_float4(s0.x, s0.y, s1.x, s1.y);
+        arrive_release(a.counters + u);
+      }
+      __syncwarp();
+    }
+    return;
+  }
+  if (warp == W + 2) {  // merger
+    // Lane l takes the partials of CTAs l + 32 m (m < kBulkMergeRegs, grid <= 32 * kBulkMergeRegs), all loads of a
+    // group issued at once (one L2 round trip), for the dx coefficients and then dsum.
+    const float inv_l = 1.f / static_cast<float>(L);
+    int dj[kBulkMergeRegs];
+#pragma unroll
+    for (int m = 0; m < kBulkMergeRegs; ++m) dj[m] = first_channel(lane + 32 * m);
+    for (int64_t u = 0; u < units; ++u) {
+      if (lane == 0) wait_count(a.counters + u, nb);
+      __syncwarp();
+      const int c0 = static_cast<int>(u % G) * D;
+      float4 q[kBulkMergeRegs];
+#pragma unroll
+      for (int m = 0; m < kBulkMergeRegs; ++m) {
+        const float* f = reinterpret_cast<const float*>(partial + u * nb + lane + 32 * m);
+        q[m] = lane + 32 * m < static_cast<int>(nb) ? make_float4(__ldcg(f), __ldcg(f + 1), __ldcg(f + 2), __ldcg(f + 3))
+                                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float2 ab = {0.f, 0.f};
+#pragma unroll
+      for (int m = 0; m < kBulkMergeRegs; ++m) {
+        const float w0 = load_param(a.gamma, a.wt, c0 + dj[m], 1.f);
+        const float w1 = dj[m] + 1 < D ? load_param(a.gamma, a.wt, c0 + dj[m] + 1, 1.f) : 0.f;
+        ab.x = fmaf(w0, q[m].x, fmaf(w1, q[m].z, ab.x));
+        ab.y = fmaf(w0, q[m].y, fmaf(w1, q[m].w, ab.y));
+      }
+      ab = warp_reduce<Sum2Op>(ab);
+      const int slot = static_cast<int>(u % kBulkSlots);
+      if (lane == 0) {
+        const float mu = a.mean[u], r = a.rstd[u];
+        coefs[slot] = make_float4(mu, -r * r * r * ab.x * inv_l, r, -r * ab.y * inv_l);
+        mbar_arrive(&ready[slot]);
+      }
+      if (dsum != nullptr)  // channels b, b + grid, ... of the group: the partials of the CTAs whose slice has them
+        for (int d = b; d < D; d += static_cast<int>(nb)) {
+          float2 t = {0.f, 0.f};
+#pragma unroll
+          for (int m = 0; m < kBulkMergeRegs; ++m) {
+            t.x += dj[m] == d ? q[m].x : dj[m] + 1 == d ? q[m].z : 0.f;
+            t.y += dj[m] == d ? q[m].y : dj[m] + 1 == d ? q[m].w : 0.f;
+          }
+          t = warp_reduce<Sum2Op>(t);
+          if (lane == 0) dsum[(u / G) * C + c0 + d] = t;
+        }
+      __syncwarp();
+      if (lane == 0) depart(a.counters + u, nb);
+    }
+    return;
+  }
+
+  // Consumers.
+  T* __restrict__ dx = static_cast<T*>(a.out);
+  const uint64_t drop = l2_policy_evict_first();
+  // dy' and x - mean of the V elements of one vector pair.
+  auto grads = [&](const uint4& xr, const uint4& dr, float mu, float sg, float sb, float* xm, float* dd) {
+    Vec xv, dv;
+    xv.raw = xr, dv.raw = dr;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      xm[j] = to_float(xv.v[j]) - mu;
+      dd[j] = act_dy<A>(to_float(dv.v[j]), xm[j], sg, sb);
+    }
+  };
+  auto statistics = [&](int64_t u) {
+    const float mu = a.mean[u], r = a.rstd[u];
+    const int c0 = static_cast<int>(u % G) * D;
+    float2 s0 = {0.f, 0.f}, s1 = {0.f, 0.f};
+    for (int64_t i = warp; i < cnt; i += W) {
+      const StageUse su = stage_use(u, i);
+      const int st = su.st;
+      mbar_wait(&full[st], static_cast<uint32_t>(su.use & 1));
+      const int64_t e0 = (lo + i) * E;
+      const int n = static_cast<int>(min(E, L - e0)) / V;
+      const uint4* xs = reinterpret_cast<const uint4*>(ring + st * stage_bytes);
+      const uint4* ds = reinterpret_cast<const uint4*>(ring + st * stage_bytes + g.chunk);
+      const bool again = streamed(i);
+      const int ca = static_cast<int>(hw.div(static_cast<uint32_t>(e0)));
+      const bool one = static_cast<int64_t>(ca + 1) * static_cast<int64_t>(hw.divisor) >= e0 + n * V;
+      int c = ca;
+      float sg = 0.f, sb = 0.f;
+      auto params = [&] {
+        if constexpr (A != kActIdentity) {
+          sg = r * load_param(a.gamma, a.wt, c0 + c, 1.f);
+          sb = load_param(a.beta, a.wt, c0 + c, 0.f);
+        }
+      };
+      params();
+      for (int v0 = lane; v0 < n; v0 += 2 * 32) {
+        uint4 xr[2], dr[2];  // both vector pairs' loads first
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          if (v0 + 32 * j < n) xr[j] = xs[v0 + 32 * j], dr[j] = ds[v0 + 32 * j];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int v = v0 + 32 * j;
+          if (v >= n) break;
+          if (!one) {
+            c = static_cast<int>(hw.div(static_cast<uint32_t>(e0 + v * V)));
+            params();
+          }
+          float xm[V], dd[V];
+          grads(xr[j], dr[j], mu, sg, sb, xm, dd);
+          float2 t = {0.f, 0.f};
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            t.x = fmaf(dd[e], xm[e], t.x);
+            t.y += dd[e];
+          }
+          if (c == d_lo) {
+            s0.x += t.x, s0.y += t.y;
+          } else {
+            s1.x += t.x, s1.y += t.y;
+          }
+        }
+      }
+      if (again) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+      }
+    }
+    s0 = warp_reduce<Sum2Op>(s0);
+    s1 = warp_reduce<Sum2Op>(s1);
+    const int slot = static_cast<int>(u % kBulkSlots);
+    if (lane == 0) {
+      wsum[slot * W + warp] = make_float4(s0.x, s0.y, s1.x, s1.y);
+      mbar_arrive(&posted[slot]);
+    }
+  };
+  auto write_dx = [&](int64_t u) {
+    const int slot = static_cast<int>(u % kBulkSlots);
+    mbar_wait(&ready[slot], static_cast<uint32_t>((u / kBulkSlots) & 1));
+    const float4 kc = coefs[slot];
+    const float mu = kc.x, c2 = kc.y, r = kc.z, c3 = kc.w;
+    const int c0 = static_cast<int>(u % G) * D;
+    for (int64_t i = warp; i < cnt; i += W) {
+      const int st = stage_use(u, i).st;
+      const bool again = streamed(i);  // x and dy from L2, not from the ring
+      const int64_t e0 = (lo + i) * E;
+      const int n = static_cast<int>(min(E, L - e0)) / V;
+      const uint4* xs = reinterpret_cast<const uint4*>(ring + st * stage_bytes);
+      const uint4* ds = reinterpret_cast<const uint4*>(ring + st * stage_bytes + g.chunk);
+      const T* xg = x + u * L + e0;
+      const T* dg = dy + u * L + e0;
+      T* ou = dx + u * L + e0;
+      const int ca = static_cast<int>(hw.div(static_cast<uint32_t>(e0)));
+      const bool one = static_cast<int64_t>(ca + 1) * static_cast<int64_t>(hw.divisor) >= e0 + n * V;
+      float scale = 0.f, sb = 0.f;
+      auto params = [&](int c) {
+        scale = r * load_param(a.gamma, a.wt, c0 + c, 1.f);
+        if constexpr (A != kActIdentity) sb = load_param(a.beta, a.wt, c0 + c, 0.f);
+      };
+      params(ca);
+      for (int v0 = lane; v0 < n; v0 += 4 * 32) {
+        uint4 xr[4], dr[4];  // all loads first
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int v = v0 + 32 * j;
+          if (v < n) {
+            if (again) {
+              xr[j] = ldg_hint(xg + v * V, drop), dr[j] = ldg_hint(dg + v * V, drop);
+            } else {
+              xr[j] = xs[v], dr[j] = ds[v];
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int v = v0 + 32 * j;
+          if (v >= n) break;
+          if (!one) params(static_cast<int>(hw.div(static_cast<uint32_t>(e0 + v * V))));
+          float xm[V], dd[V];
+          grads(xr[j], dr[j], mu, scale, sb, xm, dd);
+          Vec o;
+#pragma unroll
+          for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(fmaf(scale, dd[e], fmaf(c2, xm[e], c3)));
+          stg_hint(ou + v * V, o.raw, drop);
+        }
+      }
+      if (!again) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+      }
+    }
+  };
+  for (int64_t u = 0; u < min(static_cast<int64_t>(g.ahead), units); ++u) statistics(u);
+  for (int64_t u = 0; u < units; ++u) {
+    if (u + g.ahead < units) statistics(u + g.ahead);
+    write_dx(u);
   }
 #endif
 }

@@ -283,7 +283,9 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_impl(
     case Kernel::kWide:  // partials: a float4 per (group, CTA)
       return run_persistent(s.N * s.G * plan.wide.grid * 4, zeroed_counters(mean_c, s.N * s.G, stream),
                             [&](const OnePassArgs& a) { return gn::launch_wide_backward(t, p, plan.wide, a, stream); });
-    case Kernel::kBulk:  // forward only: not planned for the backward
+    case Kernel::kBulk:  // partials: a float4 per (group, CTA)
+      return run_persistent(s.N * s.G * plan.bulk.grid * 4, zeroed_counters(mean_c, s.N * s.G, stream),
+                            [&](const OnePassArgs& a) { return gn::launch_bulk_backward(t, p, plan.bulk, a, stream); });
     case Kernel::kWideNhwc:
     case Kernel::kTwoPass:
       break;

@@ -161,17 +161,35 @@ constexpr int kBulkMaxConsumers = 16;
 constexpr int kBulkMaxThreads = (kBulkMaxConsumers + 3) * 32;  // consumers, producer, publisher, merger
 constexpr int kBulkSlots = 6;                                   // per-group handshake slots: ahead <= 4
 constexpr int kBulkMaxStages = 64;
-constexpr size_t kBulkHeader = 2560;  // barriers and slots before the ring (<= 2 * 64 * 8 + 96 + 6 * 16 * 12 + 48)
+constexpr int kBulkMergeRegs = 5;                               // backward merger: partials per lane
+constexpr int kBulkMaxGridBwd = 32 * kBulkMergeRegs;            // backward: CTAs (SMs) at most
+constexpr size_t kBulkHeader = 2560;  // barriers and slots before the ring (bulk_header_bytes)
+// The header: full and empty barriers per stage, posted and ready per slot, then per slot the consumer warps'
+// states (forward: a Welford state; backward: two channels' sums, a float4) and the group's statistics
+// (forward: mean, rstd; backward: the dx coefficients, a float4).
+constexpr size_t bulk_header_bytes(int stages, int consumers, bool bwd) {
+  return 8 * (2 * static_cast<size_t>(stages) + 2 * kBulkSlots) +
+         kBulkSlots * (static_cast<size_t>(consumers) * (bwd ? 16 : 12) + (bwd ? 16 : 8));
+}
 struct BulkGeometry {
   unsigned grid;  // CTAs, one per SM (all co-resident: cooperative launch)
   int consumers;  // consumer warps (<= kBulkMaxConsumers)
-  int chunk;      // bytes per copy and ring stage (a multiple of 16)
+  int chunk;      // bytes per copy (a multiple of 16); a ring stage holds one chunk (backward: of x and of dy)
   int stages;     // ring stages (<= kBulkMaxStages), >= (ahead + 1) * chunks per slice
-  int ahead;      // groups whose statistics run ahead of the one being normalized (1 .. kBulkSlots - 2)
-  size_t smem;    // dynamic shared memory bytes: kBulkHeader + stages * chunk
+  int ahead;      // groups whose statistics run ahead of the one being normalized (forward 1, backward 0 ..
+                  // kBulkSlots - 2)
+  size_t smem;    // dynamic shared memory bytes: kBulkHeader + stages * stage bytes
+  bool stream;    // backward: the slice does not fit (ahead + 1) times; `hold` chunks of it are kept in shared
+                  // memory, the rest read again from L2 for dx
+  int hold;       // with stream: chunks per slice kept; stages - (ahead + 1) * hold >= 1 stream the rest
 };
 cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream);
+// Bulk backward: takes OnePassArgs' x, dy, out (dx), gamma, beta (with an output activation), wt, mean, rstd,
+// partial (N*G*grid float4: sums of the slice's first and second channel), dsum ((N, C) float2, or null), counters
+// (N*G, zero) and pw (output activation; no prologue). Needs slices of at most HxW elements.
+cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
+                                 cudaStream_t stream);
 
 // Small groups (group_norm_small.cu): NCHW groups of at most kSmallMaxVecs 16-byte vectors, each held in
 // registers by 2^lanes_log2 lanes of a warp (k vectors per lane); the group's sums by warp shuffles. Groups of

@@ -8,7 +8,7 @@
 // Choice order, forward: layout (NHWC for channels_last when its shared memory fits) -> small-group kernel
 // (groups of <= 4 KB in registers) -> bulk (NCHW groups of a few MB streamed through shared memory, sm_90+) ->
 // one-pass (groups held in shared memory across a persistent grid) -> wide (one CTA per SM holding a slice of
-// each large group; NCHW, or channels_last single images) -> two-pass (reduce, finalize, elementwise). Backward: small-group -> layout -> one-pass -> wide -> two-pass.
+// each large group; NCHW, or channels_last single images) -> two-pass (reduce, finalize, elementwise). Backward: small-group -> layout -> bulk -> one-pass -> wide -> two-pass.
 //
 // The model behind the rules. Every design reads and writes the tensor; what differs is the bytes moved and
 // the bytes each SM keeps in flight. Two-pass: forward 2R + 1W, backward 3R + 1W (the second reads often hit
@@ -530,29 +530,63 @@ inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, const Re
 constexpr int kBulkChunk = 4096;
 constexpr int kBulkSpareStages = 4;
 constexpr int64_t kBulkMinChunks = 9;
+constexpr int64_t kBulkMinChunksBwd = 8;
+constexpr int kBulkStreamStages = 8;
 
-inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request& r, const Device& d,
+// The backward (bwd): a stage holds a chunk of x and one of dy (8 KiB). Where the ring holds (ahead + 1) slices
+// (ahead >= 1) as in the forward, every chunk stays until its dx. Where it does not (streamed), the look-ahead is 1:
+// `hold` chunks of each slice stay in a region of 2 * hold stages, and the rest pass through a ring of the other
+// stages (at least kBulkStreamStages, and one per warp that takes streamed chunks): released after the statistics,
+// read again from L2 for dx. Its slices must lie within two channels (slice <= HxW). Example: 1x128x1024x1024 fp16
+// backward, H100: 16 chunks of x and dy per CTA, (232448 - 2560) / 8192 -> 28 stages; 2 x 16 + 4 > 28: streamed,
+// hold 10 (28 - 2 x 10 = 8 stages for the 6 streamed chunks), 6.2 MiB of each group read again from L2.
+inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request& r, bool bwd, const Device& d,
                                                  const Tuning& t) {
   const int64_t esize = r.esize, L = p.D * p.HxW;
-  if (t.bulk == 0 || r.prologue || !r.contiguous || d.major < 9 || vector_width(esize, p.HxW, r.aligned) == 1 ||
-      L >= (int64_t{1} << 31))
+  const bool contiguous = bwd ? r.flat && r.need_dx : r.contiguous;
+  if ((bwd ? t.bulk_bwd : t.bulk) == 0 || r.prologue || !contiguous || d.major < 9 ||
+      vector_width(esize, p.HxW, r.aligned) == 1 || L >= (int64_t{1} << 31))
     return std::nullopt;
   BulkGeometry g{};
   g.grid = static_cast<unsigned>(d.sms);
   g.consumers = std::clamp(t.bulk_consumers, 1, kBulkMaxConsumers);
   g.chunk = kBulkChunk;
+  const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * kBulkChunk;
   const int64_t cnt = ceil_div(ceil_div(L * esize, kBulkChunk), d.sms);  // chunks per slice, at most
+  if (bwd && (cnt * (kBulkChunk / esize) > p.HxW || d.sms > kBulkMaxGridBwd)) return std::nullopt;
   g.stages = static_cast<int>(std::min<int64_t>(
-      kBulkMaxStages, (d.smem_per_block - static_cast<int64_t>(kBulkHeader)) / kBulkChunk));
-  const int want = t.bulk_ahead > 0 ? std::clamp(t.bulk_ahead, 1, kBulkSlots - 2) : kBulkSlots - 2;
-  g.ahead = 0;
-  for (int ahead = want; ahead >= 1 && g.ahead == 0; --ahead)
-    if ((ahead + 1) * cnt + kBulkSpareStages <= g.stages) g.ahead = ahead;
-  if (g.ahead == 0) return std::nullopt;
-  g.smem = kBulkHeader + static_cast<size_t>(g.stages) * kBulkChunk;
-  if (t.bulk == 2) return g;
+      kBulkMaxStages, (d.smem_per_block - static_cast<int64_t>(kBulkHeader)) / stage_bytes));
+  if (bulk_header_bytes(g.stages, g.consumers, bwd) > kBulkHeader) return std::nullopt;
+  const int lowest = bwd ? 0 : 1;
+  const int want = t.bulk_ahead >= 0 ? std::clamp(t.bulk_ahead, lowest, kBulkSlots - 2) : kBulkSlots - 2;
+  g.ahead = -1;
+  for (int ahead = want; ahead >= lowest && g.ahead < 0; --ahead)
+    if ((ahead + 1) * cnt + kBulkSpareStages <= g.stages && (ahead >= 1 || t.bulk_ahead == 0)) g.ahead = ahead;
+  if (bwd && (g.ahead < 0 || t.bulk_hold >= 0)) {  // streamed
+    g.stream = true;
+    g.ahead = t.bulk_ahead >= 1 ? std::min(want, kBulkSlots - 2) : 1;
+    // The most chunks held that leave each streaming warp a stage of its own, and kBulkStreamStages in all.
+    const int most = t.bulk_hold >= 0 ? t.bulk_hold : g.stages;
+    g.hold = -1;
+    for (int h = std::min<int64_t>(most, cnt); h >= 0 && g.hold < 0; --h) {
+      const int64_t left = g.stages - int64_t{g.ahead + 1} * h;
+      if (left >= std::min<int64_t>(g.consumers, cnt - h) && (left >= kBulkStreamStages || t.bulk_hold >= 0) && left > 0)
+        g.hold = h;
+    }
+    if (g.hold < 0) return std::nullopt;
+  }
+  if (g.ahead < 0) return std::nullopt;
+  g.smem = kBulkHeader + static_cast<size_t>(g.stages * stage_bytes);
+  if ((bwd ? t.bulk_bwd : t.bulk) == 2) return g;
   // Measured on the H100 only: on faster memory (H200) the streamed kernels stay until it is measured there.
-  if (cnt < kBulkMinChunks || !persistent_kernels_pay(d.peak_gbs)) return std::nullopt;
+  if (cnt < (bwd ? kBulkMinChunksBwd : kBulkMinChunks) || !persistent_kernels_pay(d.peak_gbs)) return std::nullopt;
+  // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2 (H100: 12.4 MiB of
+  // 1x128x1024x1024 fp16 23% faster than two-pass; 37 MiB of 1x192x1024x1024 fp16 5% slower).
+  if (g.stream && (g.ahead + 1) * (cnt - g.hold) * stage_bytes * g.grid > d.l2_bytes / 4) return std::nullopt;
+  // An output activation's derivative, twice per element on 16 warps per SM, keeps up only where it is SiLU's two
+  // MUFU operations on 4-byte elements (H100 backward against two-pass: SiLU 16x64x512x512 fp32 22% faster, SiLU
+  // 2x256x512x512 bf16 13% slower, GELU 16x64x512x512 fp32 7% slower).
+  if (bwd && r.act != kActIdentity && (r.act != kActSilu || esize < 4)) return std::nullopt;
   return g;
 }
 
@@ -579,7 +613,7 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
     return plan;
   }
   if (!plan.nhwc)
-    if (const auto g = bulk_geometry(p, r, d, t)) {
+    if (const auto g = bulk_geometry(p, r, false, d, t)) {
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
       plan.why = "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies";
       return plan;
@@ -618,6 +652,13 @@ inline Plan plan_backward(const Problem& p, const Request& r, const Device& d, c
       return plan;
     }
   plan.nhwc = use_nhwc(p, r, kGradStateBytes, d, t);
+  if (!plan.nhwc)
+    if (const auto g = bulk_geometry(p, r, true, d, t)) {
+      plan.kernel = Kernel::kBulk, plan.bulk = *g;
+      plan.why = "bulk: slices of x and dy of >= 8 chunks per SM, copied once into shared memory by bulk asynchronous "
+                 "copies";
+      return plan;
+    }
   if (r.need_dx && onepass_allows(r, plan.nhwc))
     if (const auto g = onepass_geometry(p, r, true, plan.nhwc, d, t)) {
       plan.kernel = Kernel::kOnePass, plan.onepass = *g;

@@ -141,7 +141,7 @@ def run(args):
             else:
                 fn = impls[impl]
             if impl == "gnext_2pass":
-                ge.set_tuning({"GNEXT_ONEPASS": 0, "GNEXT_BULK": 0})
+                ge.set_tuning({"GNEXT_ONEPASS": 0, "GNEXT_BULK": 0, "GNEXT_BULK_BWD": 0})
             with torch.no_grad():
                 t_fwd = timer(lambda: fn(x, G, w, b))
             xg, wg, bg = x.detach().requires_grad_(), w.detach().requires_grad_(), b.detach().requires_grad_()
@@ -170,7 +170,7 @@ def to_markdown(meta, rows, impls):
         f"copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s (read+write) · {meta['timing']}",
         "",
         "Times in ms; `frac` = floor / time (1.0 = at the copy-bandwidth floor); `x eager`, `x compile` = their time / gnext's; "
-        "`2-pass` = gnext with its one-pass and bulk kernels switched off (GNEXT_ONEPASS=0, GNEXT_BULK=0).",
+        "`2-pass` = gnext with its one-pass and bulk kernels switched off (GNEXT_ONEPASS=0, GNEXT_BULK=0, GNEXT_BULK_BWD=0).",
         "",
     ]
     # (header, cell of a row, shown): one list, so the header and the cells cannot drift apart.

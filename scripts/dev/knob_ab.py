@@ -92,6 +92,7 @@ def main():
     ap.add_argument("--act", default="silu", help="activation of the group_norm_act rows")
     ap.add_argument("--conv", action="store_true", help="the fused ConvTranspose2d+GELU+GroupNorm op instead")
     ap.add_argument("--fwd", action="store_true", help="forward ops only")
+    ap.add_argument("--bwd", action="store_true", help="backward ops only")
     ap.add_argument("--graph", type=int, default=0, metavar="N",
                     help="time N back-to-back calls captured in one CUDA graph (per call; no L2 flush: the GPU "
                          "time of a chain of ops, as in a compiled model) instead of single calls")
@@ -117,7 +118,7 @@ def main():
         todo = conv_cases(shape, G, dtype, fmt) if args.conv else cases(shape, G, dtype, fmt,
                                                                           None if args.no_act else args.act)
         for name, fn in todo:
-            if args.fwd and not name.endswith("fwd"):
+            if (args.fwd and not name.endswith("fwd")) or (args.bwd and not name.endswith("bwd")):
                 continue
             times = {v: [] for v in values}
             runs = {v: (chain(fn, args.graph, settings[v]) if args.graph
