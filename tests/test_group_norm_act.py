@@ -144,20 +144,31 @@ def test_wide_forward(act, tuning):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "tanh_hardswish"])
-@pytest.mark.parametrize("ahead", ["1", "2"])
-def test_bulk_forward(act, ahead, tuning):
+@pytest.mark.parametrize("ahead,hold", [("1", None), ("2", None), ("1", "2"), ("2", "0")],
+                         ids=["held-ahead1", "held-ahead2", "streamed-hold2", "streamed-hold0"])
+def test_bulk_forward(act, ahead, hold, tuning):
     """The bulk forward (forced: GNEXT_BULK=2; sm_90+) with each epilogue, with and without a residual and affine,
-    at both look-aheads: 4 KiB chunks that straddle channels (float32 HxW = 1600: 6400-byte channels), partial last
-    chunks, CTAs without a chunk (7 chunks per group on a grid of one CTA per SM), G = 1 and G = C, N = 1; output
-    and gradients (the backward reads the forward's mean/rstd) against float64."""
+    every chunk held at both look-aheads and streamed (GNEXT_BULK_HOLD: 2 or no chunks of a slice held, the rest
+    read again to normalize): 4 KiB chunks that straddle channels (float32 HxW = 1600: 6400-byte channels), partial
+    last chunks, CTAs without a chunk (7 chunks per group on a grid of one CTA per SM), slices of four chunks
+    (1x2x512x512 float32, G = 1), G = C, N = 1; output and gradients (the backward reads the forward's mean/rstd)
+    against float64. Each shape's forward plan is checked to be the bulk kernel in that mode."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("bulk asynchronous copies need sm_90")
     tuning.set("GNEXT_BULK", "2")
     tuning.set("GNEXT_BULK_AHEAD", ahead)
+    if hold is not None:
+        tuning.set("GNEXT_BULK_HOLD", hold)
+    cases = [((2, 16, 40, 40), 4, True, True), ((1, 8, 24, 48), 1, False, True), ((3, 6, 16, 16), 6, True, False),
+             ((1, 2, 512, 512), 1, True, True)]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        _check("cuda", dtype, None, (2, 16, 40, 40), 4, act, with_res=True, seed=17)
-        _check("cuda", dtype, None, (1, 8, 24, 48), 1, act, with_res=False, seed=19)
-        _check("cuda", dtype, None, (3, 6, 16, 16), 6, act, with_res=True, affine=False, seed=23)
+        for shape, G, with_res, affine in cases:
+            N, C, H, W = shape
+            text = _C._plan((N, C, G, H * W), torch.empty((), dtype=dtype).element_size(), False,
+                            groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
+            fwd = text.split("forward: ")[1].split("backward: ")[0]
+            assert fwd.startswith("bulk") and ("streamed: " in fwd) == (hold is not None), text
+            _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=17)
 
 
 @pytest.mark.gpu

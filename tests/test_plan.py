@@ -54,15 +54,18 @@ def test_bandwidth_rule_differs_between_h100_and_h200():
 def test_bulk_rule():
     """Slices of more than 8 chunks of 4 KiB per SM take the bulk forward on sm_90 devices below 3.8 TB/s (measured
     on the H100; docs/decisions/bulk.md): 8 MiB groups (16 chunks per SM on 132 SMs) with look-ahead 2; 12.6 MB
-    groups (24 chunks) with look-ahead 1; 4 MiB groups (8 chunks) and 16.8 MB groups (too large for the ring) keep
-    their plans; not on sm_80 (no bulk copies), not for channels_last inputs; the H200 keeps its plans unless forced
-    (GNEXT_BULK=2)."""
+    groups (24 chunks) with look-ahead 1; 16 MiB groups (32 chunks, too many for the ring twice) streamed, 24 chunks
+    held and 8 read again from L2; 4 MiB groups (8 chunks) and 32 MiB groups (44 chunks of each to read again: over
+    a quarter of L2) keep their plans; not on sm_80 (no bulk copies), not for channels_last inputs; the H200 keeps
+    its plans unless forced (GNEXT_BULK=2)."""
     fwd, _, text = _plan("1,128,1024,1024:32:float16", "h100")
     assert fwd == "bulk" and "look-ahead 2" in text.split("backward:")[0], text
     assert _plan("112,64,512,512:8:float32", "h100")[0] == "bulk"
     fwd, _, text = _plan("1,192,1024,1024:32:float16", "h100")
     assert fwd == "bulk" and "look-ahead 1" in text, text
-    for spec in ("2,256,512,512:32:bfloat16", "1,256,1024,1024:32:bfloat16", "1,128,1024,1024:32:float16:cl"):
+    fwd, _, text = _plan("1,256,1024,1024:32:bfloat16", "h100")
+    assert fwd == "bulk" and "streamed: 24 chunks" in text.split("backward:")[0], text
+    for spec in ("2,256,512,512:32:bfloat16", "1,128,2048,2048:32:bfloat16", "1,128,1024,1024:32:float16:cl"):
         assert _plan(spec, "h100")[0] != "bulk", spec
     assert _plan("1,128,1024,1024:32:float16", "a100")[0] != "bulk"
     assert _plan("1,128,1024,1024:32:float16", "h200")[0] != "bulk"

@@ -12,6 +12,16 @@ namespace gn {
 namespace {
 template <typename T, int A>
 struct BulkTag {};
+// Streamed geometry (BulkStages): hold >= 0 and at least one stage left to each warp that takes streamed chunks
+// (esize 0: the stage count alone).
+bool bulk_stream_fits(const Problem& p, const BulkGeometry& g, int64_t esize) {
+  if (!g.stream) return true;
+  const int64_t left = g.stages - int64_t{g.ahead + 1} * g.hold;
+  if (g.hold < 0 || left < 1) return false;
+  if (esize == 0) return true;
+  const int64_t cnt_max = ((p.D * p.HxW * esize + g.chunk - 1) / g.chunk + g.grid - 1) / g.grid;
+  return left >= std::min<int64_t>(g.consumers, cnt_max - g.hold);
+}
 template <typename T, int A>
 struct BulkBwdTag {};
 }  // namespace
@@ -20,11 +30,13 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
                                 cudaStream_t stream) {
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || g.consumers < 1 ||
       g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 1 ||
-      g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, false) > kBulkHeader)
+      g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, false) > kBulkHeader ||
+      !bulk_stream_fits(p, g, 0))
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     using T = decltype(tt);
-    if (p.HxW % (16 / static_cast<int64_t>(sizeof(T))) != 0) return cudaErrorInvalidValue;
+    if (p.HxW % (16 / static_cast<int64_t>(sizeof(T))) != 0 || !bulk_stream_fits(p, g, sizeof(T)))
+      return cudaErrorInvalidValue;
     auto go = [&](auto aa) -> cudaError_t {
       constexpr int A = decltype(aa)::value;
       // cooperative: every CTA waits on all others once per group
@@ -43,11 +55,8 @@ cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeome
       g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 0 ||
       g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, true) > kBulkHeader ||
       g.grid > static_cast<unsigned>(kBulkMaxGridBwd) ||
-      (g.stream && (g.hold < 0 || g.stages - (g.ahead + 1) * g.hold < 1)))
+      !bulk_stream_fits(p, g, 0))
     return cudaErrorInvalidValue;
-  const auto cnt_max = [&](int64_t esize) {  // chunks per slice, at most
-    return ((p.D * p.HxW * esize + g.chunk - 1) / g.chunk + g.grid - 1) / g.grid;
-  };
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     using T = decltype(tt);
     const int64_t E = g.chunk / static_cast<int64_t>(sizeof(T)), L = p.D * p.HxW;
@@ -55,9 +64,7 @@ cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeome
     // a slice within two channels: the kernel sums a slice's first and second channel
     if (p.HxW % (16 / static_cast<int64_t>(sizeof(T))) != 0 || (nc + g.grid - 1) / g.grid * E > p.HxW)
       return cudaErrorInvalidValue;
-    // streamed: a stage of its own for each warp that takes streamed chunks
-    const int64_t streaming = std::min<int64_t>(g.consumers, cnt_max(sizeof(T)) - g.hold);
-    if (g.stream && streaming > 0 && g.stages - (g.ahead + 1) * g.hold < streaming) return cudaErrorInvalidValue;
+    if (!bulk_stream_fits(p, g, sizeof(T))) return cudaErrorInvalidValue;
     auto go = [&](auto aa) -> cudaError_t {
       constexpr int A = decltype(aa)::value;
       return launch_persistent<BulkBwdTag<T, A>>(bulk_backward_kernel<T, A>, g.grid, (g.consumers + 3) * 32, g.smem,

@@ -25,7 +25,9 @@
 // kBulkSlots groups later: safe while ahead <= kBulkSlots - 1) "states posted" (consumers -> publisher, count =
 // consumers) and "statistics ready" (merger -> consumers, count 1).
 // Deadlock freedom: every CTA is co-resident (cooperative launch); the ring holds (ahead + 1) slices, so the
-// statistics of group u + ahead never wait for a stage that only the normalize of group u would release.
+// statistics of group u + ahead never wait for a stage that only the normalize of group u would release. Groups
+// whose slices the ring does not hold twice are streamed (BulkStages): part of each slice is held, the rest is
+// released after the statistics and read again from L2 by the normalize.
 #pragma once
 #include <type_traits>
 
@@ -90,6 +92,37 @@ struct StageUse {
   int st;
   int64_t use;
 };
+
+// Where chunk i of group u's slice (cnt chunks) lives. Retained (!g.stream): a ring of g.stages in order, every
+// chunk kept until the group is normalized (its dx written). Streamed (g.stream): chunks i < hold in a held region
+// of (ahead + 1) * hold stages (group u in part u % (ahead + 1)), kept until then; the others pass through the
+// remaining S stages, released after the statistics and read again from L2 (copied with an evict-last hint).
+// use: how many times the stage was filled before. A consumer waits for a use by its parity, so a stage must never
+// be two uses ahead of a waiter: in the held region and the retained ring the look-ahead guarantees it; streamed
+// stages are refilled as soon as the statistics release them, so each is private to the one warp that takes its
+// chunks (chunk i -> warp i % W: the streaming warps' own rings of P = S / min(W, cnt - hold) stages each).
+struct BulkStages {
+  bool stream;
+  int stages, H, R, S, P, W;
+  int64_t cnt;
+  __device__ BulkStages(const BulkGeometry& g, int64_t cnt_, int W_)
+      : stream(g.stream), stages(g.stages), H(g.stream ? g.hold : 0), R(g.ahead + 1),
+        S(g.stages - (g.stream ? (g.ahead + 1) * g.hold : 0)), P(0), W(W_), cnt(cnt_) {
+    const int64_t nsw = min(static_cast<int64_t>(W), cnt - H);  // streaming warps
+    P = nsw > 0 ? static_cast<int>(S / nsw) : 0;
+  }
+  __device__ bool streamed(int64_t i) const { return stream && i >= H; }
+  __device__ StageUse use(int64_t u, int64_t i) const {
+    if (!stream) {
+      const int64_t k = u * cnt + i;
+      return StageUse{static_cast<int>(k % stages), k / stages};
+    }
+    if (i < H) return StageUse{S + static_cast<int>(u % R) * H + static_cast<int>(i), u / R};
+    const int64_t j = i - H, ws = j % W;                         // the streaming warp's index
+    const int64_t q = u * ((cnt - H - ws + W - 1) / W) + j / W;  // its streamed chunks before this one
+    return StageUse{static_cast<int>(ws * P + q % P), q / P};
+  }
+};
 // arrive() with a release reduction in place of a fence and an atomic.
 __device__ __forceinline__ void arrive_release(unsigned* counter) {
 #ifdef GNEXT_BULK_SM90
@@ -120,6 +153,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const int64_t E = g.chunk / static_cast<int>(sizeof(T));  // elements per chunk
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const T* __restrict__ x = static_cast<const T*>(a.x);
+  const BulkStages ring_of(g, cnt, W);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < g.stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);
@@ -130,16 +164,16 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
 
   if (warp == W) {  // producer
     if (lane == 0) {
-      const uint64_t pol = l2_policy_evict_first();  // read once
+      const uint64_t pol = l2_policy_evict_first(), keep = l2_policy_evict_last();  // read once / again
       const int64_t bytes_u = L * static_cast<int64_t>(sizeof(T));
-      int64_t k = 0;
       for (int64_t u = 0; u < units; ++u)
-        for (int64_t i = 0; i < cnt; ++i, ++k) {
-          const int s = static_cast<int>(k % g.stages);
-          if (k >= g.stages) mbar_wait(&empty[s], static_cast<uint32_t>((k / g.stages - 1) & 1));
+        for (int64_t i = 0; i < cnt; ++i) {
+          const StageUse su = ring_of.use(u, i);
+          if (su.use > 0) mbar_wait(&empty[su.st], static_cast<uint32_t>((su.use - 1) & 1));
           const int64_t off = (lo + i) * g.chunk;
-          bulk_copy(ring + static_cast<size_t>(s) * g.chunk, reinterpret_cast<const char*>(x) + u * bytes_u + off,
-                    static_cast<uint32_t>(min(static_cast<int64_t>(g.chunk), bytes_u - off)), &full[s], pol);
+          bulk_copy(ring + static_cast<size_t>(su.st) * g.chunk, reinterpret_cast<const char*>(x) + u * bytes_u + off,
+                    static_cast<uint32_t>(min(static_cast<int64_t>(g.chunk), bytes_u - off)), &full[su.st],
+                    ring_of.streamed(i) ? keep : pol);
         }
     }
     return;
@@ -180,13 +214,12 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const T* __restrict__ res = static_cast<const T*>(a.pw.residual);
   T* __restrict__ out = static_cast<T*>(a.out);
   const uint64_t drop = l2_policy_evict_first();
-  auto stage_of = [&](int64_t u, int64_t i) { return static_cast<int>((u * cnt + i) % g.stages); };
   auto statistics = [&](int64_t u) {
     WelfordState s = WelfordOp::identity();
     for (int64_t i = warp; i < cnt; i += W) {
-      const int64_t k = u * cnt + i;
-      const int st = stage_of(u, i);
-      mbar_wait(&full[st], static_cast<uint32_t>((k / g.stages) & 1));
+      const StageUse su = ring_of.use(u, i);
+      const int st = su.st;
+      mbar_wait(&full[st], static_cast<uint32_t>(su.use & 1));
       const int n = static_cast<int>(min(E, L - (lo + i) * E)) / V;
       const uint4* src = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(st) * g.chunk);
       for (int v = lane; v < n; v += 32) {
@@ -196,6 +229,10 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
 #pragma unroll
         for (int j = 0; j < V; ++j) f[j] = to_float(q.v[j]);
         s = welford_merge(s, welford_of<V>(f));
+      }
+      if (ring_of.streamed(i)) {  // read again from L2 by the normalize
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
       }
     }
     s = warp_reduce<WelfordOp>(s);
@@ -211,10 +248,12 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     const float2 ms = stat[slot];
     const int c0 = static_cast<int>(u % G) * D;
     for (int64_t i = warp; i < cnt; i += W) {
-      const int st = stage_of(u, i);
+      const int st = ring_of.use(u, i).st;
+      const bool again = ring_of.streamed(i);  // x from L2, not from the ring
       const int64_t e0 = (lo + i) * E;  // element offset in the group
       const int n = static_cast<int>(min(E, L - e0)) / V;
       const uint4* src = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(st) * g.chunk);
+      const T* xg = x + u * L + e0;
       T* ou = out + u * L + e0;
       const T* ru = res != nullptr ? res + u * L + e0 : nullptr;
       // A chunk lies in one channel unless it straddles a channel boundary: gamma/beta per chunk or per vector.
@@ -226,7 +265,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (v0 + 32 * j < n) {
-            r[j] = src[v0 + 32 * j];
+            r[j] = again ? ldg_hint(xg + (v0 + 32 * j) * V, drop) : src[v0 + 32 * j];
             if (ru != nullptr) rr[j] = ldg_hint(ru + (v0 + 32 * j) * V, drop);
           }
 #pragma unroll
@@ -253,8 +292,10 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
           stg_hint(ou + v * V, o.raw, drop);
         }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[st]);
+      if (!again) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);
+      }
     }
   };
   for (int64_t u = 0; u < min(static_cast<int64_t>(g.ahead), units); ++u) statistics(u);
@@ -309,29 +350,9 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const int64_t C = static_cast<int64_t>(G) * D;
-  // Where chunk i of group u's slice lives. Retained mode (!g.stream): a ring of g.stages in order, every chunk kept
-  // until its dx. Streamed mode: chunks i < hold in a held region of (ahead + 1) * hold stages (group u in part
-  // u % (ahead + 1)), kept until dx; the others pass through the remaining S stages, released after the statistics
-  // and read again from L2 for dx (copied with an evict-last hint). use: how many times the stage was filled before.
-  // A consumer waits for a use by its parity, so a stage must never be two uses ahead of a waiter: in the held
-  // region and the retained ring the look-ahead guarantees it; the streamed stages are refilled as soon as the
-  // statistics release them, so each is private to the one warp that takes its chunks (chunk i -> warp i % W: the
-  // streaming warps' own rings of P = S / min(W, cnt - hold) stages each, taken in order).
-  const int H = g.stream ? g.hold : 0, R = g.ahead + 1;
-  const int S = g.stages - (g.stream ? R * H : 0);
-  const int64_t nsw = min(static_cast<int64_t>(W), cnt - H);  // streaming warps (streamed mode)
-  const int P = nsw > 0 ? static_cast<int>(S / nsw) : 0;
-  auto streamed = [&](int64_t i) { return g.stream && i >= H; };
-  auto stage_use = [&](int64_t u, int64_t i) {
-    if (!g.stream) {
-      const int64_t k = u * cnt + i;
-      return StageUse{static_cast<int>(k % g.stages), k / g.stages};
-    }
-    if (i < H) return StageUse{S + static_cast<int>(u % R) * H + static_cast<int>(i), u / R};
-    const int64_t j = i - H, ws = j % W;                 // the streaming warp's index
-    const int64_t q = u * ((cnt - H - ws + W - 1) / W) + j / W;  // its streamed chunks before this one
-    return StageUse{static_cast<int>(ws * P + q % P), q / P};
-  };
+  const BulkStages ring_of(g, cnt, W);
+  auto streamed = [&](int64_t i) { return ring_of.streamed(i); };
+  auto stage_use = [&](int64_t u, int64_t i) { return ring_of.use(u, i); };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < g.stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);

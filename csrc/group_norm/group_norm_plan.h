@@ -533,13 +533,15 @@ constexpr int64_t kBulkMinChunks = 9;
 constexpr int64_t kBulkMinChunksBwd = 8;
 constexpr int kBulkStreamStages = 8;
 
-// The backward (bwd): a stage holds a chunk of x and one of dy (8 KiB). Where the ring holds (ahead + 1) slices
-// (ahead >= 1) as in the forward, every chunk stays until its dx. Where it does not (streamed), the look-ahead is 1:
-// `hold` chunks of each slice stay in a region of 2 * hold stages, and the rest pass through a ring of the other
-// stages (at least kBulkStreamStages, and one per warp that takes streamed chunks): released after the statistics,
-// read again from L2 for dx. Its slices must lie within two channels (slice <= HxW). Example: 1x128x1024x1024 fp16
-// backward, H100: 16 chunks of x and dy per CTA, (232448 - 2560) / 8192 -> 28 stages; 2 x 16 + 4 > 28: streamed,
-// hold 10 (28 - 2 x 10 = 8 stages for the 6 streamed chunks), 6.2 MiB of each group read again from L2.
+// Where the ring holds (ahead + 1) slices (ahead >= 1), every chunk stays in shared memory until its group is
+// normalized. Where it does not (streamed), the look-ahead is 1: `hold` chunks of each slice stay in a region of
+// 2 * hold stages, and the rest pass through the other stages (at least kBulkStreamStages, and one per warp that
+// takes streamed chunks), released after the statistics and read again from L2. The backward (bwd): a stage holds
+// a chunk of x and one of dy (8 KiB), and its slices must lie within two channels (slice <= HxW).
+// Examples, H100: 1x256x1024x1024 bf16 forward, 16 MiB groups, 32 chunks per CTA, 56 stages; 2 x 32 + 4 > 56:
+// streamed, hold 24 (56 - 2 x 24 = 8 stages for the 8 streamed chunks), 4.1 MiB of each group read again from L2.
+// 1x128x1024x1024 fp16 backward: 16 chunks of x and dy per CTA, (232448 - 2560) / 8192 -> 28 stages; 2 x 16 + 4 > 28:
+// streamed, hold 10 (8 stages for the 6 streamed chunks), 6.2 MiB of each group read again.
 inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request& r, bool bwd, const Device& d,
                                                  const Tuning& t) {
   const int64_t esize = r.esize, L = p.D * p.HxW;
@@ -562,7 +564,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   g.ahead = -1;
   for (int ahead = want; ahead >= lowest && g.ahead < 0; --ahead)
     if ((ahead + 1) * cnt + kBulkSpareStages <= g.stages && (ahead >= 1 || t.bulk_ahead == 0)) g.ahead = ahead;
-  if (bwd && (g.ahead < 0 || t.bulk_hold >= 0)) {  // streamed
+  if (g.ahead < 0 || t.bulk_hold >= 0) {  // streamed
     g.stream = true;
     g.ahead = t.bulk_ahead >= 1 ? std::min(want, kBulkSlots - 2) : 1;
     // The most chunks held that leave each streaming warp a stage of its own, and kBulkStreamStages in all.

@@ -60,7 +60,7 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
                g.grid, (g.consumers + 3) * 32, g.consumers, g.smem, g.stages, bwd ? "stages, x and dy chunks" : "chunks",
                g.chunk, g.ahead);
       if (g.stream)
-        s += fmt("  streamed: %d chunks of each slice held in shared memory, the rest read again from L2 for dx\n",
+        s += fmt("  streamed: %d chunks of each slice held in shared memory, the rest read again from L2\n",
                  g.hold);
       break;
     }
