@@ -585,10 +585,11 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2 (H100: 12.4 MiB of
   // 1x128x1024x1024 fp16 23% faster than two-pass; 37 MiB of 1x192x1024x1024 fp16 5% slower).
   if (g.stream && (g.ahead + 1) * (cnt - g.hold) * stage_bytes * g.grid > d.l2_bytes / 4) return std::nullopt;
-  // An output activation's derivative, twice per element on 16 warps per SM, keeps up only where it is SiLU's two
-  // MUFU operations on 4-byte elements (H100 backward against two-pass: SiLU 16x64x512x512 fp32 22% faster, SiLU
-  // 2x256x512x512 bf16 13% slower, GELU 16x64x512x512 fp32 7% slower).
-  if (bwd && r.act != kActIdentity && (r.act != kActSilu || esize < 4)) return std::nullopt;
+  // An output activation's derivative, taken twice per element by 16 warps per SM, keeps up only where it is SiLU's
+  // two MUFU operations, and on 2-byte elements (twice the elements per byte) only for slices of 16 or more chunks
+  // (H100 backward against the plan without it: SiLU fp32 16-22% faster at 8 and 16 chunks; SiLU fp16/bf16 6-9%
+  // faster at 16 chunks, 14% slower at 8 (2x256x512x512 bf16); GELU fp32 7-10% slower).
+  if (bwd && r.act != kActIdentity && (r.act != kActSilu || (esize < 4 && cnt < 16))) return std::nullopt;
   return g;
 }
 
