@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
 // shared memory; then it sums the partials of channels b, b + grid, ... of the group into dsum (for dgamma/dbeta,
 // a second kernel). DRAM 2R + 1W (two-pass: 4R + 1W). A slice of x and dy is twice the forward's, so a ring that
 // holds (ahead + 1) slices bounds the groups at half the size; beyond that (g.stream) part of each slice is kept
-// and the rest is read a second time, from L2, for dx (stage_use below), which keeps a look-ahead (ahead 0, the
+// and the rest is read a second time, from L2, for dx (BulkStages), which keeps a look-ahead (ahead 0, the
 // whole slice held once, leaves every group's grid-wide wait exposed: H100 4 MiB fp32 groups 278 µs at ahead 0,
 // 175 at ahead 2).
 template <typename T, int A>
@@ -351,8 +351,6 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const int64_t C = static_cast<int64_t>(G) * D;
   const BulkStages ring_of(g, cnt, W);
-  auto streamed = [&](int64_t i) { return ring_of.streamed(i); };
-  auto stage_use = [&](int64_t u, int64_t i) { return ring_of.use(u, i); };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < g.stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);
@@ -367,12 +365,12 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       const int64_t bytes_u = L * static_cast<int64_t>(sizeof(T));
       for (int64_t u = 0; u < units; ++u)
         for (int64_t i = 0; i < cnt; ++i) {
-          const StageUse su = stage_use(u, i);
+          const StageUse su = ring_of.use(u, i);
           if (su.use > 0) mbar_wait(&empty[su.st], static_cast<uint32_t>((su.use - 1) & 1));
           const int64_t off = u * bytes_u + (lo + i) * g.chunk;
           const auto bytes = static_cast<uint32_t>(min(static_cast<int64_t>(g.chunk), bytes_u - (lo + i) * g.chunk));
           unsigned char* dst = ring + su.st * stage_bytes;
-          const uint64_t p = streamed(i) ? keep : pol;
+          const uint64_t p = ring_of.streamed(i) ? keep : pol;
           mbar_expect_tx(&full[su.st], 2 * bytes);
           bulk_copy_tx(dst, reinterpret_cast<const char*>(x) + off, bytes, &full[su.st], p);
           bulk_copy_tx(dst + g.chunk, reinterpret_cast<const char*>(dy) + off, bytes, &full[su.st], p);
@@ -462,14 +460,14 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     const int c0 = static_cast<int>(u % G) * D;
     float2 s0 = {0.f, 0.f}, s1 = {0.f, 0.f};
     for (int64_t i = warp; i < cnt; i += W) {
-      const StageUse su = stage_use(u, i);
+      const StageUse su = ring_of.use(u, i);
       const int st = su.st;
       mbar_wait(&full[st], static_cast<uint32_t>(su.use & 1));
       const int64_t e0 = (lo + i) * E;
       const int n = static_cast<int>(min(E, L - e0)) / V;
       const uint4* xs = reinterpret_cast<const uint4*>(ring + st * stage_bytes);
       const uint4* ds = reinterpret_cast<const uint4*>(ring + st * stage_bytes + g.chunk);
-      const bool again = streamed(i);
+      const bool again = ring_of.streamed(i);
       const int ca = static_cast<int>(hw.div(static_cast<uint32_t>(e0)));
       const bool one = static_cast<int64_t>(ca + 1) * static_cast<int64_t>(hw.divisor) >= e0 + n * V;
       int c = ca;
@@ -529,8 +527,8 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     const float mu = kc.x, c2 = kc.y, r = kc.z, c3 = kc.w;
     const int c0 = static_cast<int>(u % G) * D;
     for (int64_t i = warp; i < cnt; i += W) {
-      const int st = stage_use(u, i).st;
-      const bool again = streamed(i);  // x and dy from L2, not from the ring
+      const int st = ring_of.use(u, i).st;
+      const bool again = ring_of.streamed(i);  // x and dy from L2, not from the ring
       const int64_t e0 = (lo + i) * E;
       const int n = static_cast<int>(min(E, L - e0)) / V;
       const uint4* xs = reinterpret_cast<const uint4*>(ring + st * stage_bytes);
