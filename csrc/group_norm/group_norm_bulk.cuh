@@ -83,10 +83,6 @@ __device__ __forceinline__ void bulk_copy_tx(void* dst, const void* src, uint32_
       : "memory");
 #endif
 }
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
-  mbar_expect_tx(bar, bytes);
-  bulk_copy_tx(dst, src, bytes, bar, pol);
-}
 // A ring stage and how many times it was filled before (its barriers' phase).
 struct StageUse {
   int st;
@@ -130,6 +126,45 @@ __device__ __forceinline__ void arrive_release(unsigned* counter) {
 #endif
 }
 
+// The header's barriers, by thread 0 (full and empty per stage: one arrival each; posted per slot: the consumer
+// warps; ready per slot: the merger), then a CTA barrier.
+__device__ __forceinline__ void bulk_init_barriers(uint64_t* full, uint64_t* empty, uint64_t* posted, uint64_t* ready,
+                                                   int stages, int consumers) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);
+    for (int s = 0; s < kBulkSlots; ++s) mbar_init(&posted[s], consumers), mbar_init(&ready[s], 1);
+#ifdef GNEXT_BULK_SM90
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+  }
+  __syncthreads();
+}
+
+// The producer lane: chunk i of the CTA's slice (chunks [lo, lo + cnt) of every group of L elements) of each of the
+// N tensors src[t], group after group, into the stage ring_of gives it (tensor t at t * chunk in the stage), each
+// stage once it is released. Streamed chunks are copied with an evict-last hint (read again from L2), the others
+// evict-first (read once).
+template <typename T, int N>
+__device__ __forceinline__ void bulk_produce(const T* const (&src)[N], unsigned char* ring, uint64_t* full,
+                                             uint64_t* empty, const BulkStages& ring_of, int chunk, int64_t units,
+                                             int64_t L, int64_t lo, int64_t cnt) {
+  const uint64_t pol = l2_policy_evict_first(), keep = l2_policy_evict_last();
+  const int64_t bytes_u = L * static_cast<int64_t>(sizeof(T)), stage_bytes = int64_t{N} * chunk;
+  for (int64_t u = 0; u < units; ++u)
+    for (int64_t i = 0; i < cnt; ++i) {
+      const StageUse su = ring_of.use(u, i);
+      if (su.use > 0) mbar_wait(&empty[su.st], static_cast<uint32_t>((su.use - 1) & 1));
+      const int64_t off = (lo + i) * chunk;
+      const auto bytes = static_cast<uint32_t>(min(static_cast<int64_t>(chunk), bytes_u - off));
+      unsigned char* dst = ring + su.st * stage_bytes;
+      const uint64_t p = ring_of.streamed(i) ? keep : pol;
+      mbar_expect_tx(&full[su.st], N * bytes);
+#pragma unroll
+      for (int t = 0; t < N; ++t)
+        bulk_copy_tx(dst + t * chunk, reinterpret_cast<const char*>(src[t]) + u * bytes_u + off, bytes, &full[su.st], p);
+    }
+}
+
 
 template <typename T, int A>
 __global__ void __launch_bounds__(kBulkMaxThreads, 1)
@@ -154,28 +189,11 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const BulkStages ring_of(g, cnt, W);
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < g.stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);
-    for (int s = 0; s < kBulkSlots; ++s) mbar_init(&posted[s], W), mbar_init(&ready[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  bulk_init_barriers(full, empty, posted, ready, g.stages, W);
 
   if (warp == W) {  // producer
-    if (lane == 0) {
-      const uint64_t pol = l2_policy_evict_first(), keep = l2_policy_evict_last();  // read once / again
-      const int64_t bytes_u = L * static_cast<int64_t>(sizeof(T));
-      for (int64_t u = 0; u < units; ++u)
-        for (int64_t i = 0; i < cnt; ++i) {
-          const StageUse su = ring_of.use(u, i);
-          if (su.use > 0) mbar_wait(&empty[su.st], static_cast<uint32_t>((su.use - 1) & 1));
-          const int64_t off = (lo + i) * g.chunk;
-          bulk_copy(ring + static_cast<size_t>(su.st) * g.chunk, reinterpret_cast<const char*>(x) + u * bytes_u + off,
-                    static_cast<uint32_t>(min(static_cast<int64_t>(g.chunk), bytes_u - off)), &full[su.st],
-                    ring_of.streamed(i) ? keep : pol);
-        }
-    }
+    const T* const src[1] = {x};
+    if (lane == 0) bulk_produce(src, ring, full, empty, ring_of, g.chunk, units, L, lo, cnt);
     return;
   }
   if (warp == W + 1) {  // publisher
@@ -351,31 +369,11 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const T* __restrict__ dy = static_cast<const T*>(a.dy);
   const int64_t C = static_cast<int64_t>(G) * D;
   const BulkStages ring_of(g, cnt, W);
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < g.stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);
-    for (int s = 0; s < kBulkSlots; ++s) mbar_init(&posted[s], W), mbar_init(&ready[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  bulk_init_barriers(full, empty, posted, ready, g.stages, W);
 
   if (warp == W) {  // producer
-    if (lane == 0) {
-      const uint64_t pol = l2_policy_evict_first(), keep = l2_policy_evict_last();  // read once / read again in dx
-      const int64_t bytes_u = L * static_cast<int64_t>(sizeof(T));
-      for (int64_t u = 0; u < units; ++u)
-        for (int64_t i = 0; i < cnt; ++i) {
-          const StageUse su = ring_of.use(u, i);
-          if (su.use > 0) mbar_wait(&empty[su.st], static_cast<uint32_t>((su.use - 1) & 1));
-          const int64_t off = u * bytes_u + (lo + i) * g.chunk;
-          const auto bytes = static_cast<uint32_t>(min(static_cast<int64_t>(g.chunk), bytes_u - (lo + i) * g.chunk));
-          unsigned char* dst = ring + su.st * stage_bytes;
-          const uint64_t p = ring_of.streamed(i) ? keep : pol;
-          mbar_expect_tx(&full[su.st], 2 * bytes);
-          bulk_copy_tx(dst, reinterpret_cast<const char*>(x) + off, bytes, &full[su.st], p);
-          bulk_copy_tx(dst + g.chunk, reinterpret_cast<const char*>(dy) + off, bytes, &full[su.st], p);
-        }
-    }
+    const T* const src[2] = {x, dy};
+    if (lane == 0) bulk_produce(src, ring, full, empty, ring_of, g.chunk, units, L, lo, cnt);
     return;
   }
   if (warp == W + 1) {  // publisher
@@ -445,16 +443,6 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   // Consumers.
   T* __restrict__ dx = static_cast<T*>(a.out);
   const uint64_t drop = l2_policy_evict_first();
-  // dy' and x - mean of the V elements of one vector pair.
-  auto grads = [&](const uint4& xr, const uint4& dr, float mu, float sg, float sb, float* xm, float* dd) {
-    Vec xv, dv;
-    xv.raw = xr, dv.raw = dr;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      xm[j] = to_float(xv.v[j]) - mu;
-      dd[j] = act_dy<A>(to_float(dv.v[j]), xm[j], sg, sb);
-    }
-  };
   auto statistics = [&](int64_t u) {
     const float mu = a.mean[u], r = a.rstd[u];
     const int c0 = static_cast<int>(u % G) * D;
@@ -493,7 +481,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
             params();
           }
           float xm[V], dd[V];
-          grads(xr[j], dr[j], mu, sg, sb, xm, dd);
+          vec_grads<T, A>(xr[j], dr[j], mu, sg, sb, xm, dd);
           float2 t = {0.f, 0.f};
 #pragma unroll
           for (int e = 0; e < V; ++e) {
@@ -563,7 +551,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
           if (v >= n) break;
           if (!one) params(static_cast<int>(hw.div(static_cast<uint32_t>(e0 + v * V))));
           float xm[V], dd[V];
-          grads(xr[j], dr[j], mu, scale, sb, xm, dd);
+          vec_grads<T, A>(xr[j], dr[j], mu, scale, sb, xm, dd);
           Vec o;
 #pragma unroll
           for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(fmaf(scale, dd[e], fmaf(c2, xm[e], c3)));

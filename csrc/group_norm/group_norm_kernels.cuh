@@ -51,6 +51,21 @@ __device__ __forceinline__ WelfordState warp_merge_partials(const WelfordState* 
   return warp_reduce<WelfordOp>(m);
 }
 
+// The backward's per-element terms of one 16-byte vector of x and of dy (V = 16 / sizeof(T) elements of one channel):
+// xm = x - mean and dy' = dy * act'(n), n = xm * sg + sb (sg = rstd * gamma, sb = beta of the channel).
+template <typename T, int A>
+__device__ __forceinline__ void vec_grads(const uint4& xr, const uint4& dr, float mean, float sg, float sb, float* xm,
+                                          float* dd) {
+  constexpr int V = 16 / sizeof(T);
+  Pack<T, V> xv, dv;
+  xv.raw = xr, dv.raw = dr;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    xm[j] = to_float(xv.v[j]) - mean;
+    dd[j] = act_dy<A>(to_float(dv.v[j]), xm[j], sg, sb);
+  }
+}
+
 // out[e] = act((x[e] - mean) * rstd * gamma[c] + beta[c]) for the V elements at offset `off` of a group that starts
 // at channel c0, c = c0 + (off + e) / HxW (hw: HxW). A vector may straddle channels (HxW not a multiple of V):
 // one channel's parameters when it does not.

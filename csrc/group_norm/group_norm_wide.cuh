@@ -428,18 +428,12 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   };
   // dy' and x - mean of one vector at element e (channel c).
   auto grads = [&](int64_t c, const uint4& xr, const uint4& dr, float* xm, float* dd) {
-    Vec xv, dv;
-    xv.raw = xr, dv.raw = dr;
     float sg = 0.f, sb = 0.f;
     if constexpr (A != kActIdentity) {
       sg = r * load_param(a.gamma, a.wt, c, 1.f);
       sb = load_param(a.beta, a.wt, c, 0.f);
     }
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      xm[j] = to_float(xv.v[j]) - mu;
-      dd[j] = act_dy<A>(to_float(dv.v[j]), xm[j], sg, sb);
-    }
+    vec_grads<T, A>(xr, dr, mu, sg, sb, xm, dd);
   };
   // Statistics of the group being read: sums of the slice's first (s0) and second (s1) channel.
   float2 s0 = {0.f, 0.f}, s1 = {0.f, 0.f};
