@@ -142,6 +142,26 @@ def test_wide_forward(act, tuning):
         _check("cuda", dtype, None, (1, 8, 40, 64), 2, act, with_res=False, seed=13)
 
 
+def _check_bulk(direction, knob, act, ahead, hold, tuning, seed, cases):
+    """The bulk kernel of one direction forced (knob = 2) at look-ahead `ahead`, streamed with `hold` chunks held
+    when hold is not None: for each (shape, G, with_res, affine) and dtype, that direction's plan must be the bulk
+    kernel in that mode, then _check against float64."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    tuning.set(knob, "2")
+    tuning.set("GNEXT_BULK_AHEAD", ahead)
+    if hold is not None:
+        tuning.set("GNEXT_BULK_HOLD", hold)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for shape, G, with_res, affine in cases:
+            N, C, H, W = shape
+            text = _C._plan((N, C, G, H * W), torch.empty((), dtype=dtype).element_size(), False,
+                            groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
+            plan = text.split(f"{direction}: ")[1].split("backward: ")[0]
+            assert plan.startswith("bulk") and ("streamed: " in plan) == (hold is not None), text
+            _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=seed)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "tanh_hardswish"])
 @pytest.mark.parametrize("ahead,hold", [("1", None), ("2", None), ("1", "2"), ("2", "0")],
@@ -153,22 +173,9 @@ def test_bulk_forward(act, ahead, hold, tuning):
     last chunks, CTAs without a chunk (7 chunks per group on a grid of one CTA per SM), slices of four chunks
     (1x2x512x512 float32, G = 1), G = C, N = 1; output and gradients (the backward reads the forward's mean/rstd)
     against float64. Each shape's forward plan is checked to be the bulk kernel in that mode."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("bulk asynchronous copies need sm_90")
-    tuning.set("GNEXT_BULK", "2")
-    tuning.set("GNEXT_BULK_AHEAD", ahead)
-    if hold is not None:
-        tuning.set("GNEXT_BULK_HOLD", hold)
-    cases = [((2, 16, 40, 40), 4, True, True), ((1, 8, 24, 48), 1, False, True), ((3, 6, 16, 16), 6, True, False),
-             ((1, 2, 512, 512), 1, True, True)]
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for shape, G, with_res, affine in cases:
-            N, C, H, W = shape
-            text = _C._plan((N, C, G, H * W), torch.empty((), dtype=dtype).element_size(), False,
-                            groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
-            fwd = text.split("forward: ")[1].split("backward: ")[0]
-            assert fwd.startswith("bulk") and ("streamed: " in fwd) == (hold is not None), text
-            _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=17)
+    _check_bulk("forward", "GNEXT_BULK", act, ahead, hold, tuning, seed=17, cases=[
+        ((2, 16, 40, 40), 4, True, True), ((1, 8, 24, 48), 1, False, True), ((3, 6, 16, 16), 6, True, False),
+        ((1, 2, 512, 512), 1, True, True)])
 
 
 @pytest.mark.gpu
@@ -182,21 +189,8 @@ def test_bulk_backward(act, ahead, hold, tuning):
     float32, G = 1, N = 1), CTAs without chunks, G = C, no affine; grad_input, grad_weight and grad_bias against
     float64. Each shape's backward plan is checked to be the bulk kernel in that mode, so the test cannot pass on
     another one."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("bulk asynchronous copies need sm_90")
-    tuning.set("GNEXT_BULK_BWD", "2")
-    tuning.set("GNEXT_BULK_AHEAD", ahead)
-    if hold is not None:
-        tuning.set("GNEXT_BULK_HOLD", hold)
-    cases = [((2, 16, 48, 48), 4, True, True), ((1, 2, 512, 512), 1, False, True), ((3, 6, 64, 64), 6, True, False)]
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for shape, G, with_res, affine in cases:
-            N, C, H, W = shape
-            text = _C._plan((N, C, G, H * W), torch.empty((), dtype=dtype).element_size(), False,
-                            groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
-            bwd = text.split("backward: ")[1]
-            assert bwd.startswith("bulk") and ("streamed: " in bwd) == (hold is not None), text
-            _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=31)
+    _check_bulk("backward", "GNEXT_BULK_BWD", act, ahead, hold, tuning, seed=31, cases=[
+        ((2, 16, 48, 48), 4, True, True), ((1, 2, 512, 512), 1, False, True), ((3, 6, 64, 64), 6, True, False)])
 
 
 @pytest.mark.gpu
