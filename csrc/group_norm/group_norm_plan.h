@@ -580,15 +580,14 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   if (g.ahead < 0) return std::nullopt;
   g.smem = kBulkHeader + static_cast<size_t>(g.stages * stage_bytes);
   if ((bwd ? t.bulk_bwd : t.bulk) == 2) return g;
-  // Measured on the H100 only: on faster memory (H200) the streamed kernels stay until it is measured there.
+  // Measured on the H100 only: on faster memory (H200) the plans without it stay until it is measured there.
   if (cnt < (bwd ? kBulkMinChunksBwd : kBulkMinChunks) || !persistent_kernels_pay(d.peak_gbs)) return std::nullopt;
-  // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2 (H100: 12.4 MiB of
-  // 1x128x1024x1024 fp16 23% faster than two-pass; 37 MiB of 1x192x1024x1024 fp16 5% slower).
+  // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2; beyond it they miss
+  // L2 and go back to DRAM (docs/decisions/bulk.md).
   if (g.stream && (g.ahead + 1) * (cnt - g.hold) * stage_bytes * g.grid > d.l2_bytes / 4) return std::nullopt;
   // An output activation's derivative, taken twice per element by 16 warps per SM, keeps up only where it is SiLU's
   // two MUFU operations, and on 2-byte elements (twice the elements per byte) only for slices of 16 or more chunks
-  // (H100 backward against the plan without it: SiLU fp32 16-22% faster at 8 and 16 chunks; SiLU fp16/bf16 6-9%
-  // faster at 16 chunks, 14% slower at 8 (2x256x512x512 bf16); GELU fp32 7-10% slower).
+  // (docs/decisions/bulk.md).
   if (bwd && r.act != kActIdentity && (r.act != kActSilu || (esize < 4 && cnt < 16))) return std::nullopt;
   return g;
 }
