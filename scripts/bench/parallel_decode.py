@@ -312,6 +312,41 @@ def _model(args):
     return _vae(args.check).decoder, z, 2, parallelize_decoder
 
 
+def _profile_split(split, mine, rank, world) -> dict:
+    """GPU time per decode by kernel kind (torch.profiler, one decode after a warm-up) of the split decode with
+    gnext's GroupNorm (check=False) and without GroupNorm, on every rank: {variant: [per rank {kind: (calls, ms)}]}
+    (kinds: nccl, gnext, other; "busy" the sum, "wall" the decode's wall time)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name in ("gnext_nocheck", "none"):
+        split[name](mine)
+        torch.cuda.synchronize()
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            split[name](mine)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        kinds: dict = {"nccl": [0, 0.0], "gnext": [0, 0.0], "other": [0, 0.0]}
+        for e in prof.key_averages():
+            ms = getattr(e, "device_time_total", 0) / 1e3
+            if ms <= 0:
+                continue
+            low = e.key.lower()
+            k = "nccl" if "nccl" in low else "gnext" if "gnext" in low or "group_norm" in low else "other"
+            kinds[k][0] += e.count
+            kinds[k][1] += ms
+        kinds["busy"] = [0, sum(v[1] for v in kinds.values())]
+        kinds["wall"] = [0, wall * 1e3]
+        every = [None] * world
+        dist.all_gather_object(every, kinds)
+        out[name] = every
+    return out
+
+
 def _worker(rank, world, init, args, q):
     import copy
     import random
@@ -391,6 +426,8 @@ def _worker(rank, world, init, args, q):
                 res["torch"] = torch.__version__
                 res["times_ms"] = times
                 res["peak_GB"] = peaks
+            if args.profile:
+                res["profile"] = _profile_split(split, mine, rank, world)
     if rank == 0:
         q.put(res)
     dist.barrier()
@@ -401,7 +438,7 @@ def _report(r: dict, args) -> None:
     import statistics
 
     print({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in r.items()
-           if k not in ("times_ms", "peak_GB")})
+           if k not in ("times_ms", "peak_GB", "profile")})
     if "times_ms" not in r:
         return
     t = {k: v for k, v in r["times_ms"].items() if v}
@@ -418,6 +455,10 @@ def _report(r: dict, args) -> None:
     print(f"speedup of the split decode over one GPU (gnext GroupNorm both): {med['single_gnext'] / med['split_gnext']:.2f}x "
           f"(per round {min(ratios):.2f}-{max(ratios):.2f}); over one GPU eager: "
           f"{med['single_eager'] / med['split_gnext']:.2f}x")
+    for name, ranks in r.get("profile", {}).items():
+        print(f"profile, split {name}: GPU ms per decode by rank (calls): " + "; ".join(
+            f"rank {i}: " + ", ".join(f"{k} {ms:.1f}" + (f" ({n})" if n else "") for k, (n, ms) in kinds.items())
+            for i, kinds in enumerate(ranks)))
     print(f"GroupNorm's share of the decode: one GPU (gnext) {share('single_gnext', 'single_none'):.1%}, split gnext "
           f"{share('split_gnext', 'split_none'):.1%} (check='once'; check=False: {share('split_gnext_nocheck', 'split_none'):.1%}), "
           f"split all-gather {share('split_allgather', 'split_none'):.1%}; "
@@ -447,6 +488,8 @@ def main():
     p.add_argument("--gpus", type=int, default=torch.cuda.device_count())
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--profile", action="store_true",
+                   help="also the GPU time per decode by kernel kind (NCCL, gnext, other) on every rank")
     args = p.parse_args()
     args.size = args.size or (64 if args.check else 2048)
     r = run(args)
