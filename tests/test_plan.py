@@ -77,10 +77,13 @@ def test_bulk_backward_rule():
     groups fit the ring three times (look-ahead 2); 8 MiB groups do not fit it twice and are streamed, 10 of their 16
     chunks held and the rest read again from L2 (12.4 MiB in flight, within a quarter of L2); 12 MiB groups would
     need 37 MiB of L2 and keep the wide kernel; 2 MiB groups (4 chunks) keep one-pass. With an output activation only
-    SiLU, and on 2-byte elements only from 16 chunks per SM (the derivative, taken twice per element, outruns the 16
-    consumer warps for GELU and for 2-byte 4 MiB groups). Never on the H200 (unmeasured) or sm_80."""
+    SiLU, and on 2-byte elements only from 16 chunks per SM (the derivative, taken twice per element, outruns the
+    consumer warps for GELU and for 2-byte 4 MiB groups). 8 consumer warps (16 in the forward). Never on the H200
+    (unmeasured) or sm_80."""
     _, bwd, text = _plan("1,128,1024,1024:32:float16", "h100")
     assert bwd == "bulk" and "streamed: 10 chunks" in text, text
+    fwd_text, bwd_text = text.split("backward:")
+    assert "16 consumer warps" in fwd_text and "8 consumer warps" in bwd_text, text  # the backward's launch bound
     _, bwd, text = _plan("1,512,256,256:32:float32", "h100")
     assert bwd == "bulk" and "look-ahead 2" in text.split("backward:")[1] and "streamed" not in text, text
     assert _plan("112,64,512,512:8:float32", "h100")[1] == "bulk"

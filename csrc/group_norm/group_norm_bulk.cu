@@ -52,7 +52,7 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
 cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
                                  cudaStream_t stream) {
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || a.out == nullptr || g.consumers < 1 ||
-      g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 0 ||
+      g.consumers > kBulkMaxConsumersBwd || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 0 ||
       g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, true) > kBulkHeader ||
       g.grid > static_cast<unsigned>(kBulkMaxGridBwd) ||
       !bulk_stream_fits(p, g, 0))

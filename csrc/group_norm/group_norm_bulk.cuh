@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
 // and the rest is read a second time, from L2, for dx (BulkStages), which keeps a look-ahead: with the whole slice
 // held once (ahead 0) every group's grid-wide wait is exposed.
 template <typename T, int A>
-__global__ void __launch_bounds__(kBulkMaxThreads, 1)
+__global__ void __launch_bounds__(kBulkMaxThreadsBwd, 1)
     bulk_backward_kernel(OnePassArgs a, BulkGeometry g, int64_t units, int64_t L, FastDivmod hw, int G, int D) {
 #ifdef GNEXT_BULK_SM90
   constexpr int V = 16 / sizeof(T);

@@ -159,6 +159,10 @@ cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeome
 // activation and residual; no prologue).
 constexpr int kBulkMaxConsumers = 16;
 constexpr int kBulkMaxThreads = (kBulkMaxConsumers + 3) * 32;  // consumers, producer, publisher, merger
+// The backward runs 8 consumer warps under a launch bound of its own: at 608 threads its kernels get 96 registers and
+// spill (36-168 bytes per instantiation); at 352 none do, and the time falls (docs/decisions/bulk.md).
+constexpr int kBulkMaxConsumersBwd = 8;
+constexpr int kBulkMaxThreadsBwd = (kBulkMaxConsumersBwd + 3) * 32;
 constexpr int kBulkSlots = 6;                                   // per-group handshake slots: ahead <= 4
 constexpr int kBulkMaxStages = 64;
 constexpr int kBulkMergeRegs = 5;                               // backward merger: partials per lane
@@ -173,7 +177,7 @@ constexpr size_t bulk_header_bytes(int stages, int consumers, bool bwd) {
 }
 struct BulkGeometry {
   unsigned grid;  // CTAs, one per SM (all co-resident: cooperative launch)
-  int consumers;  // consumer warps (<= kBulkMaxConsumers)
+  int consumers;  // consumer warps (<= kBulkMaxConsumers; backward <= kBulkMaxConsumersBwd)
   int chunk;      // bytes per copy (a multiple of 16); a ring stage holds one chunk (backward: of x and of dy)
   int stages;     // ring stages (<= kBulkMaxStages), >= (ahead + 1) * chunks per slice
   int ahead;      // groups whose statistics run ahead of the one being normalized (forward 1, backward 0 ..

@@ -551,7 +551,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
     return std::nullopt;
   BulkGeometry g{};
   g.grid = static_cast<unsigned>(d.sms);
-  g.consumers = std::clamp(t.bulk_consumers, 1, kBulkMaxConsumers);
+  g.consumers = std::clamp(t.bulk_consumers, 1, bwd ? kBulkMaxConsumersBwd : kBulkMaxConsumers);
   g.chunk = kBulkChunk;
   const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * kBulkChunk;
   const int64_t cnt = ceil_div(ceil_div(L * esize, kBulkChunk), d.sms);  // chunks per slice, at most
@@ -585,7 +585,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2; beyond it they miss
   // L2 and go back to DRAM (docs/decisions/bulk.md).
   if (g.stream && (g.ahead + 1) * (cnt - g.hold) * stage_bytes * g.grid > d.l2_bytes / 4) return std::nullopt;
-  // An output activation's derivative, taken twice per element by 16 warps per SM, keeps up only where it is SiLU's
+  // An output activation's derivative, taken twice per element by the consumer warps, keeps up only where it is SiLU's
   // two MUFU operations, and on 2-byte elements (twice the elements per byte) only for slices of 16 or more chunks
   // (docs/decisions/bulk.md).
   if (bwd && r.act != kActIdentity && (r.act != kActSilu || (esize < 4 && cnt < 16))) return std::nullopt;

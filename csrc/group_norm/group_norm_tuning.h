@@ -17,7 +17,7 @@ struct Tuning {
   int bulk = 1;                // 0: never the bulk forward; 1: the rule; 2: wherever it fits
   int bulk_bwd = 1;            // the same for the bulk backward
   int bulk_ahead = kRule;      // bulk look-ahead in groups (forward 1-4, backward 0-4); rule: the most the ring holds
-  int bulk_consumers = 16;     // bulk consumer warps (1-16)
+  int bulk_consumers = 16;     // bulk consumer warps (forward 1-16, backward at most 8)
   int bulk_hold = kRule;       // bulk, streamed: chunks of a slice kept in shared memory, the rest read again from L2
   int onepass = 1;             // 0: never the one-pass kernels; 1: the rule; 2: wherever they fit
   int onepass_ctas = kRule;    // one-pass CTAs per SM (1-4); rule: 2, or 4 for many small NCHW groups
@@ -50,7 +50,7 @@ inline constexpr TuningField kTuningFields[] = {
     {"GNEXT_BULK", &Tuning::bulk, "bulk NCHW forward (sm_90+): 0 never, 1 rule, 2 wherever it fits"},
     {"GNEXT_BULK_BWD", &Tuning::bulk_bwd, "bulk NCHW backward (sm_90+): 0 never, 1 rule, 2 wherever it fits"},
     {"GNEXT_BULK_AHEAD", &Tuning::bulk_ahead, "bulk look-ahead in groups: forward 1-4, backward 0-4 (rule: the most that fits)"},
-    {"GNEXT_BULK_CONSUMERS", &Tuning::bulk_consumers, "bulk consumer warps, 1-16"},
+    {"GNEXT_BULK_CONSUMERS", &Tuning::bulk_consumers, "bulk consumer warps: forward 1-16, backward 1-8"},
     {"GNEXT_BULK_HOLD", &Tuning::bulk_hold, "bulk: chunks per slice kept in shared memory, the rest read again from L2 (rule: where the ring does not hold two slices)"},
     {"GNEXT_ONEPASS", &Tuning::onepass, "one-pass kernels: 0 never, 1 rule, 2 wherever they fit"},
     {"GNEXT_ONEPASS_CTAS", &Tuning::onepass_ctas, "one-pass CTAs per SM, 1-4 (rule: 2; 4 for many small groups)"},
