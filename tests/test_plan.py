@@ -76,10 +76,10 @@ def test_bulk_backward_rule():
     """The bulk backward (H100; docs/decisions/bulk.md): slices of x and dy of at least 8 chunks per SM. 4 MiB
     groups fit the ring three times (look-ahead 2); 8 MiB groups do not fit it twice and are streamed, 10 of their 16
     chunks held and the rest read again from L2 (12.4 MiB in flight, within a quarter of L2); 12 MiB groups would
-    need 37 MiB of L2 and keep the wide kernel; 2 MiB groups (4 chunks) keep one-pass. With an output activation only
-    SiLU, and on 2-byte elements only from 16 chunks per SM (the derivative, taken twice per element, outruns the
-    consumer warps for GELU and for 2-byte 4 MiB groups). 8 consumer warps (16 in the forward). Never on the H200
-    (unmeasured) or sm_80."""
+    need 37 MiB of L2 and keep the wide kernel; 2 MiB groups (4 chunks) keep one-pass. With an output activation:
+    ReLU and SiLU (2-byte 4 MiB groups included), GELU only on float32 slices held in the ring (streamed or on 2-byte
+    elements, its derivative taken twice per element outruns the consumer warps), not the others (unmeasured). 8 consumer warps (16 in the
+    forward). Never on the H200 (unmeasured) or sm_80."""
     _, bwd, text = _plan("1,128,1024,1024:32:float16", "h100")
     assert bwd == "bulk" and "streamed: 10 chunks" in text, text
     fwd_text, bwd_text = text.split("backward:")
@@ -88,10 +88,15 @@ def test_bulk_backward_rule():
     assert bwd == "bulk" and "look-ahead 2" in text.split("backward:")[1] and "streamed" not in text, text
     assert _plan("112,64,512,512:8:float32", "h100")[1] == "bulk"
     for spec in ("16,64,512,512:8:float32", "1,512,256,256:32:float32", "1,128,1024,1024:32:float16",
-                 "2,512,512,512:32:bfloat16"):
+                 "2,512,512,512:32:bfloat16", "2,256,512,512:32:bfloat16"):
         assert _plan(spec, "h100", act="silu")[1] == "bulk", spec
+    for spec, act in (("16,64,512,512:8:float32", "relu"), ("1,128,1024,1024:32:float16", "relu"),
+                      ("1,512,256,256:32:float32", "gelu")):
+        assert _plan(spec, "h100", act=act)[1] == "bulk", (spec, act)
     for spec, act in (("1,192,1024,1024:32:float16", "identity"), ("4,128,512,512:32:float16", "identity"),
-                      ("2,256,512,512:32:bfloat16", "silu"), ("16,64,512,512:8:float32", "gelu")):
+                      ("4,128,512,512:32:float16", "silu"), ("16,64,512,512:8:float32", "gelu"),
+                      ("1,128,1024,1024:32:float16", "gelu"), ("2,256,512,512:32:bfloat16", "gelu"),
+                      ("1,512,256,256:32:float32", "tanh")):
         assert _plan(spec, "h100", act=act)[1] != "bulk", (spec, act)
     for device in ("h200", "a100"):
         assert _plan("1,128,1024,1024:32:float16", device)[1] != "bulk", device
