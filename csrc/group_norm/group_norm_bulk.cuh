@@ -119,6 +119,20 @@ struct BulkStages {
     return StageUse{static_cast<int>(ws * P + q % P), q / P};
   }
 };
+// A consumer warp hands stage barrier `bar`'s buffer back to the producer once all its lanes are done with it.
+__device__ __forceinline__ void release_stage(uint64_t* bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+// The consumers' schedule: the statistics of unit u + ahead, then the pass that needs unit u's (normalize, dx).
+template <typename S, typename F>
+__device__ __forceinline__ void bulk_pipeline(int64_t units, int ahead, S&& statistics, F&& finish) {
+  for (int64_t u = 0; u < min(static_cast<int64_t>(ahead), units); ++u) statistics(u);
+  for (int64_t u = 0; u < units; ++u) {
+    if (u + ahead < units) statistics(u + ahead);
+    finish(u);
+  }
+}
 // arrive() with a release reduction in place of a fence and an atomic.
 __device__ __forceinline__ void arrive_release(unsigned* counter) {
 #ifdef GNEXT_BULK_SM90
@@ -248,10 +262,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
         for (int j = 0; j < V; ++j) f[j] = to_float(q.v[j]);
         s = welford_merge(s, welford_of<V>(f));
       }
-      if (ring_of.streamed(i)) {  // read again from L2 by the normalize
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[st]);
-      }
+      if (ring_of.streamed(i)) release_stage(&empty[st], lane);  // read again from L2 by the normalize
     }
     s = warp_reduce<WelfordOp>(s);
     const int slot = static_cast<int>(u % kBulkSlots);
@@ -310,17 +321,10 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
           stg_hint(ou + v * V, o.raw, drop);
         }
       }
-      if (!again) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[st]);
-      }
+      if (!again) release_stage(&empty[st], lane);
     }
   };
-  for (int64_t u = 0; u < min(static_cast<int64_t>(g.ahead), units); ++u) statistics(u);
-  for (int64_t u = 0; u < units; ++u) {
-    if (u + g.ahead < units) statistics(u + g.ahead);
-    normalize(u);
-  }
+  bulk_pipeline(units, g.ahead, statistics, normalize);
 #endif
 }
 
@@ -481,23 +485,10 @@ __global__ void __launch_bounds__(kBulkMaxThreadsBwd, 1)
           }
           float xm[V], dd[V];
           vec_grads<T, A>(xr[j], dr[j], mu, sg, sb, xm, dd);
-          float2 t = {0.f, 0.f};
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            t.x = fmaf(dd[e], xm[e], t.x);
-            t.y += dd[e];
-          }
-          if (c == d_lo) {
-            s0.x += t.x, s0.y += t.y;
-          } else {
-            s1.x += t.x, s1.y += t.y;
-          }
+          add_grad_sums<V>(xm, dd, c == d_lo, s0, s1);
         }
       }
-      if (again) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[st]);
-      }
+      if (again) release_stage(&empty[st], lane);  // read again from L2 for dx
     }
     s0 = warp_reduce<Sum2Op>(s0);
     s1 = warp_reduce<Sum2Op>(s1);
@@ -557,17 +548,10 @@ __global__ void __launch_bounds__(kBulkMaxThreadsBwd, 1)
           stg_hint(ou + v * V, o.raw, drop);
         }
       }
-      if (!again) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[st]);
-      }
+      if (!again) release_stage(&empty[st], lane);
     }
   };
-  for (int64_t u = 0; u < min(static_cast<int64_t>(g.ahead), units); ++u) statistics(u);
-  for (int64_t u = 0; u < units; ++u) {
-    if (u + g.ahead < units) statistics(u + g.ahead);
-    write_dx(u);
-  }
+  bulk_pipeline(units, g.ahead, statistics, write_dx);
 #endif
 }
 

@@ -66,6 +66,23 @@ __device__ __forceinline__ void vec_grads(const uint4& xr, const uint4& dr, floa
   }
 }
 
+// Adds one vector's terms of its channel's backward sums, (sum dy' * xm, sum dy'), to the slice's first channel's
+// sums (s0) or to its second's (s1).
+template <int V>
+__device__ __forceinline__ void add_grad_sums(const float* xm, const float* dd, bool first, float2& s0, float2& s1) {
+  float2 t = {0.f, 0.f};
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    t.x = fmaf(dd[e], xm[e], t.x);
+    t.y += dd[e];
+  }
+  if (first) {
+    s0.x += t.x, s0.y += t.y;
+  } else {
+    s1.x += t.x, s1.y += t.y;
+  }
+}
+
 // out[e] = act((x[e] - mean) * rstd * gamma[c] + beta[c]) for the V elements at offset `off` of a group that starts
 // at channel c0, c = c0 + (off + e) / HxW (hw: HxW). A vector may straddle channels (HxW not a multiple of V):
 // one channel's parameters when it does not.

@@ -445,17 +445,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     const int64_t d = hw.div(static_cast<uint32_t>(e));
     float xm[V], dd[V];
     grads(c0 + d, xr, dr, xm, dd);
-    float2 t = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      t.x = fmaf(dd[j], xm[j], t.x);
-      t.y += dd[j];
-    }
-    if (d == d_lo) {
-      s0.x += t.x, s0.y += t.y;
-    } else {
-      s1.x += t.x, s1.y += t.y;
-    }
+    add_grad_sums<V>(xm, dd, d == d_lo, s0, s1);
   };
 
   setup(0);
