@@ -586,10 +586,8 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   // L2 and go back to DRAM (docs/decisions/bulk.md).
   if (g.stream && (g.ahead + 1) * (cnt - g.hold) * stage_bytes * g.grid > d.l2_bytes / 4) return std::nullopt;
   // An output activation's derivative is taken twice per element (statistics and dx) by the consumer warps. ReLU's and
-  // SiLU's keep up everywhere; GELU's (erf) only on float32 slices held in the ring: 1x512x256x256 fp32 301.0 ->
-  // 232.4 µs, but streamed 16x64x512x512 fp32 1830.7 -> 1916.4 and 1x128x1024x1024 fp16 558.7 -> 849.1, and held
-  // 2x256x512x512 bf16 757.0 -> 764.8 (twice the elements per byte). The others are unmeasured
-  // (docs/decisions/bulk.md).
+  // SiLU's keep up everywhere; GELU's (erf) only on float32 slices held in the ring: streamed (L2 re-reads on top) or
+  // on 2-byte elements (twice the elements per byte) it loses. The others are unmeasured (docs/decisions/bulk.md).
   if (bwd && r.act != kActIdentity && r.act != kActRelu && r.act != kActSilu &&
       (r.act != kActGelu || g.stream || esize < 4))
     return std::nullopt;
