@@ -56,8 +56,9 @@ def test_bulk_rule():
     on the H100; docs/decisions/bulk.md): 8 MiB groups (16 chunks per SM on 132 SMs) with look-ahead 2; 12.6 MB
     groups (24 chunks) with look-ahead 1; 16 MiB groups (32 chunks, too many for the ring twice) streamed, 24 chunks
     held and 8 read again from L2; 4 MiB groups (8 chunks) and 32 MiB groups (44 chunks of each to read again: over
-    a quarter of L2) keep their plans; not on sm_80 (no bulk copies), not for channels_last inputs; the H200 keeps
-    its plans unless forced (GNEXT_BULK=2)."""
+    a quarter of L2) keep their plans; not on sm_80 (no bulk copies), not for channels_last inputs. On the H200
+    (>= 3.8 TB/s): held slices of at least 16 chunks, at look-ahead 1; 4 MiB groups and streamed slices keep the
+    two-pass or one-pass plans."""
     fwd, _, text = _plan("1,128,1024,1024:32:float16", "h100")
     assert fwd == "bulk" and "look-ahead 2" in text.split("backward:")[0], text
     assert _plan("112,64,512,512:8:float32", "h100")[0] == "bulk"
@@ -68,7 +69,13 @@ def test_bulk_rule():
     for spec in ("2,256,512,512:32:bfloat16", "1,128,2048,2048:32:bfloat16", "1,128,1024,1024:32:float16:cl"):
         assert _plan(spec, "h100")[0] != "bulk", spec
     assert _plan("1,128,1024,1024:32:float16", "a100")[0] != "bulk"
-    assert _plan("1,128,1024,1024:32:float16", "h200")[0] != "bulk"
+    for spec in ("1,128,1024,1024:32:float16", "112,64,512,512:8:float32", "1,512,512,512:32:bfloat16"):
+        fwd, _, text = _plan(spec, "h200")
+        fwd_text = text.split("backward:")[0]
+        assert fwd == "bulk" and "look-ahead 1" in fwd_text and "streamed" not in fwd_text, text
+    for spec in ("2,256,512,512:32:bfloat16", "8,128,512,512:32:float32", "1,256,1024,1024:32:bfloat16",
+                 "1,128,2048,2048:32:bfloat16"):
+        assert _plan(spec, "h200")[0] != "bulk", spec
 
 
 @needs_planner
@@ -78,8 +85,9 @@ def test_bulk_backward_rule():
     chunks held and the rest read again from L2 (12.4 MiB in flight, within a quarter of L2); 12 MiB groups would
     need 37 MiB of L2 and keep the wide kernel; 2 MiB groups (4 chunks) keep one-pass. With an output activation:
     ReLU and SiLU (2-byte 4 MiB groups included), GELU only on float32 slices held in the ring (streamed or on 2-byte
-    elements, its derivative taken twice per element outruns the consumer warps), not the others (unmeasured). 8 consumer warps (16 in the
-    forward). Never on the H200 (unmeasured) or sm_80."""
+    elements, its derivative taken twice per element outruns the consumer warps), not the others (unmeasured). 8
+    consumer warps (16 in the forward). Not on sm_80. On the H200 the same slices with identity and ReLU, SiLU on
+    float32 only, GELU not (unmeasured there)."""
     _, bwd, text = _plan("1,128,1024,1024:32:float16", "h100")
     assert bwd == "bulk" and "streamed: 10 chunks" in text, text
     fwd_text, bwd_text = text.split("backward:")
@@ -98,8 +106,14 @@ def test_bulk_backward_rule():
                       ("1,128,1024,1024:32:float16", "gelu"), ("2,256,512,512:32:bfloat16", "gelu"),
                       ("1,512,256,256:32:float32", "tanh")):
         assert _plan(spec, "h100", act=act)[1] != "bulk", (spec, act)
-    for device in ("h200", "a100"):
-        assert _plan("1,128,1024,1024:32:float16", device)[1] != "bulk", device
+    assert _plan("1,128,1024,1024:32:float16", "a100")[1] != "bulk"
+    for spec, act in (("1,128,1024,1024:32:float16", "identity"), ("1,128,1024,1024:32:float16", "relu"),
+                      ("2,256,512,512:32:bfloat16", "relu"), ("16,64,512,512:8:float32", "silu"),
+                      ("1,512,256,256:32:float32", "silu")):
+        assert _plan(spec, "h200", act=act)[1] == "bulk", (spec, act)
+    for spec, act in (("1,128,1024,1024:32:float16", "silu"), ("2,512,512,512:32:float16", "silu"),
+                      ("1,512,256,256:32:float32", "gelu"), ("1,256,1024,1024:32:bfloat16", "identity")):
+        assert _plan(spec, "h200", act=act)[1] != "bulk", (spec, act)
 
 
 @needs_planner

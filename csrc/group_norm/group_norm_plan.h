@@ -532,6 +532,14 @@ constexpr int kBulkSpareStages = 4;
 constexpr int64_t kBulkMinChunks = 9;
 constexpr int64_t kBulkMinChunksBwd = 8;
 constexpr int kBulkStreamStages = 8;
+// Faster memory (peak >= 3.8 TB/s, the H200; docs/decisions/bulk.md): the forward takes held slices of at least
+// kBulkMinChunksFast chunks at look-ahead 1, which leaves the ring's other stages to copies in flight (a look-ahead of
+// 2 holds them and streams slower there). Streamed forwards lose to two-pass. The backward keeps the rule below for
+// identity and ReLU, and takes SiLU on float32 only (its 2-byte slices lose there).
+// Example: 1x128x1024x1024 bf16 forward on the H200: 16 chunks per slice, look-ahead 1: 2 x 16 slices held, 24
+// stages left to copies.
+constexpr int64_t kBulkMinChunksFast = 16;
+constexpr int kBulkAheadFast = 1;
 
 // Where the ring holds (ahead + 1) slices (ahead >= 1), every chunk stays in shared memory until its group is
 // normalized. Where it does not (streamed), the look-ahead is 1: `hold` chunks of each slice stay in a region of
@@ -560,7 +568,10 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
       kBulkMaxStages, (d.smem_per_block - static_cast<int64_t>(kBulkHeader)) / stage_bytes));
   if (bulk_header_bytes(g.stages, g.consumers, bwd) > kBulkHeader) return std::nullopt;
   const int lowest = bwd ? 0 : 1;
-  const int want = t.bulk_ahead >= 0 ? std::clamp(t.bulk_ahead, lowest, kBulkSlots - 2) : kBulkSlots - 2;
+  const bool fast = !persistent_kernels_pay(d.peak_gbs);
+  const int want = t.bulk_ahead >= 0 ? std::clamp(t.bulk_ahead, lowest, kBulkSlots - 2)
+                   : fast && !bwd    ? kBulkAheadFast
+                                     : kBulkSlots - 2;
   g.ahead = -1;
   for (int ahead = want; ahead >= lowest && g.ahead < 0; --ahead)
     if ((ahead + 1) * cnt + kBulkSpareStages <= g.stages && (ahead >= 1 || t.bulk_ahead == 0)) g.ahead = ahead;
@@ -580,8 +591,10 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   if (g.ahead < 0) return std::nullopt;
   g.smem = kBulkHeader + static_cast<size_t>(g.stages * stage_bytes);
   if ((bwd ? t.bulk_bwd : t.bulk) == 2) return g;
-  // Measured on the H100 only: on faster memory (H200) the plans without it stay until it is measured there.
-  if (cnt < (bwd ? kBulkMinChunksBwd : kBulkMinChunks) || !persistent_kernels_pay(d.peak_gbs)) return std::nullopt;
+  if (cnt < (bwd ? kBulkMinChunksBwd : kBulkMinChunks)) return std::nullopt;
+  if (fast && (bwd ? r.act != kActIdentity && r.act != kActRelu && (r.act != kActSilu || esize < 4)
+                   : g.stream || cnt < kBulkMinChunksFast))
+    return std::nullopt;
   // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2; beyond it they miss
   // L2 and go back to DRAM (docs/decisions/bulk.md).
   if (g.stream && (g.ahead + 1) * (cnt - g.hold) * stage_bytes * g.grid > d.l2_bytes / 4) return std::nullopt;
