@@ -632,7 +632,10 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
   if (!plan.nhwc)
     if (const auto g = bulk_geometry(p, r, false, d, t)) {
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
-      plan.why = "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies";
+      plan.why = persistent_kernels_pay(d.peak_gbs)
+                     ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
+                     : "bulk: held slices of >= 16 chunks per SM at look-ahead 1 (>= 3.8 TB/s: copies in flight), "
+                       "copied once into shared memory by bulk asynchronous copies";
       return plan;
     }
   if (onepass_allows(r, plan.nhwc))
