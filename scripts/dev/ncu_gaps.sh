@@ -3,7 +3,7 @@
 # Nsight Compute evidence for the shapes that miss the bandwidth-floor targets (docs/kernels.md):
 # DRAM throughput, achieved occupancy and warp stall reasons of the kernel that dominates each.
 # Clocks are left as found (--clock-control none). Output: $OUT/ncu_gaps.txt
-#   OUT=dir bash scripts/dev/ncu_gaps.sh
+#   OUT=dir [MATCH=text] bash scripts/dev/ncu_gaps.sh      (MATCH: only the cases whose title contains it)
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
 NCU=${NCU:-ncu}
@@ -12,6 +12,7 @@ log="$OUT/ncu_gaps.txt"
 run() {  # title, kernel regex, ncu_case.py args...
   local title=$1 kern=$2
   shift 2
+  [[ "$title" == *"${MATCH:-}"* ]] || return 0
   echo "######## $title" >> "$log"
   timeout 150 "$NCU" --clock-control none --kernel-name "regex:$kern" --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
