@@ -180,7 +180,7 @@ struct BulkGeometry {
   int consumers;  // consumer warps (<= kBulkMaxConsumers; backward <= kBulkMaxConsumersBwd)
   int chunk;      // bytes per copy (a multiple of 16); a ring stage holds one chunk (backward: of x and of dy)
   int stages;     // ring stages (<= kBulkMaxStages), >= (ahead + 1) * chunks per slice
-  int ahead;      // groups whose statistics run ahead of the one being normalized (forward 1, backward 0 ..
+  int ahead;      // groups whose statistics run ahead of the one being normalized (forward 1 .., backward 0 ..
                   // kBulkSlots - 2)
   size_t smem;    // dynamic shared memory bytes: kBulkHeader + stages * stage bytes
   bool stream;    // backward: the slice does not fit (ahead + 1) times; `hold` chunks of it are kept in shared
