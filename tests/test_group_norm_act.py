@@ -142,14 +142,16 @@ def test_wide_forward(act, tuning):
         _check("cuda", dtype, None, (1, 8, 40, 64), 2, act, with_res=False, seed=13)
 
 
-def _check_bulk(direction, knob, act, ahead, hold, tuning, seed, cases):
+def _check_bulk(direction, knob, act, ahead, hold, tuning, seed, cases, chunk="4096"):
     """The bulk kernel of one direction forced (knob = 2) at look-ahead `ahead`, streamed with `hold` chunks held
-    when hold is not None: for each (shape, G, with_res, affine) and dtype, that direction's plan must be the bulk
-    kernel in that mode, then _check against float64."""
+    when hold is not None, with copies of `chunk` bytes (4 KiB parts, a consumer warp each): for each (shape, G,
+    with_res, affine) and dtype, that direction's plan must be the bulk kernel in that mode, then _check against
+    float64."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("bulk asynchronous copies need sm_90")
     tuning.set(knob, "2")
     tuning.set("GNEXT_BULK_AHEAD", ahead)
+    tuning.set("GNEXT_BULK_CHUNK", chunk)
     if hold is not None:
         tuning.set("GNEXT_BULK_HOLD", hold)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -159,6 +161,7 @@ def _check_bulk(direction, knob, act, ahead, hold, tuning, seed, cases):
                             groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
             plan = text.split(f"{direction}: ")[1].split("backward: ")[0]
             assert plan.startswith("bulk") and ("streamed: " in plan) == (hold is not None), text
+            assert f"of {chunk} B ({int(chunk) // 4096} part(s)" in plan, text
             _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=seed)
 
 
@@ -166,14 +169,16 @@ def _check_bulk(direction, knob, act, ahead, hold, tuning, seed, cases):
 @pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "tanh_hardswish"])
 @pytest.mark.parametrize("ahead,hold", [("1", None), ("2", None), ("1", "2"), ("2", "0")],
                          ids=["held-ahead1", "held-ahead2", "streamed-hold2", "streamed-hold0"])
-def test_bulk_forward(act, ahead, hold, tuning):
+@pytest.mark.parametrize("chunk", ["4096", "16384"])
+def test_bulk_forward(act, ahead, hold, chunk, tuning):
     """The bulk forward (forced: GNEXT_BULK=2; sm_90+) with each epilogue, with and without a residual and affine,
     every chunk held at both look-aheads and streamed (GNEXT_BULK_HOLD: 2 or no chunks of a slice held, the rest
     read again to normalize): 4 KiB chunks that straddle channels (float32 HxW = 1600: 6400-byte channels), partial
     last chunks, CTAs without a chunk (7 chunks per group on a grid of one CTA per SM), slices of four chunks
     (1x2x512x512 float32, G = 1), G = C, N = 1; output and gradients (the backward reads the forward's mean/rstd)
-    against float64. Each shape's forward plan is checked to be the bulk kernel in that mode."""
-    _check_bulk("forward", "GNEXT_BULK", act, ahead, hold, tuning, seed=17, cases=[
+    against float64; copies of 4 KiB and of 16 KiB (4 parts, parts past a group's end). Each shape's forward plan is
+    checked to be the bulk kernel in that mode."""
+    _check_bulk("forward", "GNEXT_BULK", act, ahead, hold, tuning, seed=17, chunk=chunk, cases=[
         ((2, 16, 40, 40), 4, True, True), ((1, 8, 24, 48), 1, False, True), ((3, 6, 16, 16), 6, True, False),
         ((1, 2, 512, 512), 1, True, True)])
 

@@ -57,8 +57,9 @@ def test_bulk_rule():
     groups (24 chunks) with look-ahead 1; 16 MiB groups (32 chunks, too many for the ring twice) streamed, 24 chunks
     held and 8 read again from L2; 4 MiB groups (8 chunks) and 32 MiB groups (44 chunks of each to read again: over
     a quarter of L2) keep their plans; not on sm_80 (no bulk copies), not for channels_last inputs. On the H200
-    (>= 3.8 TB/s): held slices of at least 16 chunks, at look-ahead 1; 4 MiB groups and streamed slices keep the
-    two-pass or one-pass plans."""
+    (>= 3.8 TB/s): copies of 16 KiB (4 parts of 4 KiB), held slices of at least 64 KiB, at look-ahead 2; 4 MiB groups
+    and streamed slices keep the two-pass or one-pass plans; the backward keeps 4 KiB chunks. The producer counts
+    stages up in the H200's forward only."""
     fwd, _, text = _plan("1,128,1024,1024:32:float16", "h100")
     assert fwd == "bulk" and "look-ahead 2" in text.split("backward:")[0], text
     assert _plan("112,64,512,512:8:float32", "h100")[0] == "bulk"
@@ -72,7 +73,12 @@ def test_bulk_rule():
     for spec in ("1,128,1024,1024:32:float16", "112,64,512,512:8:float32", "1,512,512,512:32:bfloat16"):
         fwd, _, text = _plan(spec, "h200")
         fwd_text = text.split("backward:")[0]
-        assert fwd == "bulk" and "look-ahead 1" in fwd_text and "streamed" not in fwd_text, text
+        assert fwd == "bulk" and "look-ahead 2" in fwd_text and "streamed" not in fwd_text, text
+        assert "of 16384 B (4 part(s)" in fwd_text and "producer counts stages up" in fwd_text, text
+    text = _plan("1,128,1024,1024:32:float16", "h100")[2]
+    assert "of 4096 B (1 part(s)" in text and "producer counts stages up" not in text, text
+    text = _plan("1,512,256,256:32:float32", "h200")[2].split("backward:")[1]
+    assert "bulk" in text and "of 4096 B (1 part(s)" in text and "producer per chunk" in text, text
     for spec in ("2,256,512,512:32:bfloat16", "8,128,512,512:32:float32", "1,256,1024,1024:32:bfloat16",
                  "1,128,2048,2048:32:bfloat16"):
         assert _plan(spec, "h200")[0] != "bulk", spec

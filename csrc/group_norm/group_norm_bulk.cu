@@ -2,6 +2,7 @@
 // Launchers of the bulk GroupNorm forward and backward (group_norm_bulk.cuh); dispatch and launch only.
 // No ATen, no message formatting here (see group_norm_launch.h); errors return as cudaError_t.
 #include <algorithm>
+#include <type_traits>
 
 #include "group_norm_bulk.cuh"
 #include "group_norm_dispatch.cuh"
@@ -10,7 +11,7 @@ namespace gnext {
 namespace gn {
 
 namespace {
-template <typename T, int A>
+template <typename T, int A, int P>
 struct BulkTag {};
 // Streamed geometry (BulkStages): hold >= 0 and at least one stage left to each warp that takes streamed chunks
 // (esize 0: the stage count alone).
@@ -20,7 +21,7 @@ bool bulk_stream_fits(const Problem& p, const BulkGeometry& g, int64_t esize) {
   if (g.hold < 0 || left < 1) return false;
   if (esize == 0) return true;
   const int64_t cnt_max = ((p.D * p.HxW * esize + g.chunk - 1) / g.chunk + g.grid - 1) / g.grid;
-  return left >= std::min<int64_t>(g.consumers, cnt_max - g.hold);
+  return left >= std::min<int64_t>(g.consumers / g.parts, cnt_max - g.hold);
 }
 template <typename T, int A>
 struct BulkBwdTag {};
@@ -31,7 +32,8 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || g.consumers < 1 ||
       g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 1 ||
       g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, false) > kBulkHeader ||
-      !bulk_stream_fits(p, g, 0))
+      !bulk_stream_fits(p, g, 0) || (g.parts != 1 && g.parts != 4) || g.chunk % (16 * g.parts) != 0 ||
+      g.consumers % g.parts != 0)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     using T = decltype(tt);
@@ -39,11 +41,15 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
       return cudaErrorInvalidValue;
     auto go = [&](auto aa) -> cudaError_t {
       constexpr int A = decltype(aa)::value;
-      // cooperative: every CTA waits on all others once per group
-      return launch_persistent<BulkTag<T, A>>(bulk_forward_kernel<T, A>, g.grid, (g.consumers + 3) * 32, g.smem,
-                                             true, stream, a, g, p.N * p.G, p.D * p.HxW,
-                                             FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G),
-                                             static_cast<int>(p.D));
+      auto run = [&](auto pp) -> cudaError_t {
+        constexpr int P = decltype(pp)::value;
+        // cooperative: every CTA waits on all others once per group
+        return launch_persistent<BulkTag<T, A, P>>(bulk_forward_kernel<T, A, P>, g.grid, (g.consumers + 3) * 32,
+                                                  g.smem, true, stream, a, g, p.N * p.G, p.D * p.HxW,
+                                                  FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G),
+                                                  static_cast<int>(p.D));
+      };
+      return g.parts == 4 ? run(std::integral_constant<int, 4>{}) : run(std::integral_constant<int, 1>{});
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });
@@ -54,8 +60,7 @@ cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeome
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || a.out == nullptr || g.consumers < 1 ||
       g.consumers > kBulkMaxConsumersBwd || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 0 ||
       g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, true) > kBulkHeader ||
-      g.grid > static_cast<unsigned>(kBulkMaxGridBwd) ||
-      !bulk_stream_fits(p, g, 0))
+      g.grid > static_cast<unsigned>(kBulkMaxGridBwd) || !bulk_stream_fits(p, g, 0) || g.parts != 1)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     using T = decltype(tt);

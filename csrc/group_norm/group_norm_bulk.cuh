@@ -10,7 +10,9 @@
 //   * producer (one lane): copies the CTA's chunks of group 0, 1, ... into the ring in order, each into the next
 //     stage once that stage is released; nothing else, so the copies of later groups are in flight while the
 //     other warps wait or compute: the bytes in flight per SM are the free stages, not registers.
-//   * consumers (`consumers` warps; chunk i of a slice belongs to warp i % consumers): for u = 0, 1, ...:
+//   * consumers (`consumers` warps; a chunk is cut into `parts` parts of 4 KiB, and part h of chunk i of a slice
+//     belongs to warp (i * parts + h) % consumers: a copy of several parts costs the producer about what a copy of
+//     one does, and the consumers keep 4 KiB each): for u = 0, 1, ...:
 //     statistics of their chunks of group u + ahead (Welford, from shared memory; the warp's state into a
 //     shared slot), then normalize their chunks of group u from shared memory once its mean/rstd are in
 //     shared memory: out = act((x - mean) * rstd * gamma + beta) [+ residual]; each stage is released after
@@ -95,8 +97,9 @@ struct StageUse {
 // remaining S stages, released after the statistics and read again from L2 (copied with an evict-last hint).
 // use: how many times the stage was filled before. A consumer waits for a use by its parity, so a stage must never
 // be two uses ahead of a waiter: in the held region and the retained ring the look-ahead guarantees it; streamed
-// stages are refilled as soon as the statistics release them, so each is private to the one warp that takes its
-// chunks (chunk i -> warp i % W: the streaming warps' own rings of P = S / min(W, cnt - hold) stages each).
+// stages are refilled as soon as the statistics release them, so each is private to the one warp (group of `parts`
+// warps: W counts groups) that takes its chunks (chunk i -> group i % W: the streaming groups' own rings of
+// P = S / min(W, cnt - hold) stages each).
 struct BulkStages {
   bool stream;
   int stages, H, R, S, P, W;
@@ -109,9 +112,9 @@ struct BulkStages {
   }
   __device__ bool streamed(int64_t i) const { return stream && i >= H; }
   __device__ StageUse use(int64_t u, int64_t i) const {
-    if (!stream) {
-      const int64_t k = u * cnt + i;
-      return StageUse{static_cast<int>(k % stages), k / stages};
+    if (!stream) {  // 32-bit: units * cnt chunks of several MB each stay far below 2^32
+      const auto k = static_cast<uint32_t>(u * cnt + i), q = k / static_cast<uint32_t>(stages);
+      return StageUse{static_cast<int>(k - q * static_cast<uint32_t>(stages)), q};
     }
     if (i < H) return StageUse{S + static_cast<int>(u % R) * H + static_cast<int>(i), u / R};
     const int64_t j = i - H, ws = j % W;                         // the streaming warp's index
@@ -143,9 +146,9 @@ __device__ __forceinline__ void arrive_release(unsigned* counter) {
 // The header's barriers, by thread 0 (full and empty per stage: one arrival each; posted per slot: the consumer
 // warps; ready per slot: the merger), then a CTA barrier.
 __device__ __forceinline__ void bulk_init_barriers(uint64_t* full, uint64_t* empty, uint64_t* posted, uint64_t* ready,
-                                                   int stages, int consumers) {
+                                                   int stages, int consumers, int parts = 1) {
   if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 1);
+    for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], parts);
     for (int s = 0; s < kBulkSlots; ++s) mbar_init(&posted[s], consumers), mbar_init(&ready[s], 1);
 #ifdef GNEXT_BULK_SM90
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -161,9 +164,28 @@ __device__ __forceinline__ void bulk_init_barriers(uint64_t* full, uint64_t* emp
 template <typename T, int N>
 __device__ __forceinline__ void bulk_produce(const T* const (&src)[N], unsigned char* ring, uint64_t* full,
                                              uint64_t* empty, const BulkStages& ring_of, int chunk, int64_t units,
-                                             int64_t L, int64_t lo, int64_t cnt) {
+                                             int64_t L, int64_t lo, int64_t cnt, bool per_chunk) {
   const uint64_t pol = l2_policy_evict_first(), keep = l2_policy_evict_last();
   const int64_t bytes_u = L * static_cast<int64_t>(sizeof(T)), stage_bytes = int64_t{N} * chunk;
+  // Held ring: stage and fill counted up (per_chunk: computed for each chunk before its wait, as the streamed ring
+  // must; the H100 and the H200's backward run faster that way; docs/decisions/bulk.md).
+  if (!ring_of.stream && !per_chunk) {
+    int st = 0;
+    uint32_t use = 0;
+    for (int64_t u = 0; u < units; ++u)
+      for (int64_t i = 0; i < cnt; ++i) {
+        if (use > 0) mbar_wait(&empty[st], (use - 1) & 1);
+        const int64_t off = (lo + i) * chunk;
+        const auto bytes = static_cast<uint32_t>(min(static_cast<int64_t>(chunk), bytes_u - off));
+        unsigned char* dst = ring + st * stage_bytes;
+        mbar_expect_tx(&full[st], N * bytes);
+#pragma unroll
+        for (int t = 0; t < N; ++t)
+          bulk_copy_tx(dst + t * chunk, reinterpret_cast<const char*>(src[t]) + u * bytes_u + off, bytes, &full[st], pol);
+        if (++st == ring_of.stages) st = 0, ++use;
+      }
+    return;
+  }
   for (int64_t u = 0; u < units; ++u)
     for (int64_t i = 0; i < cnt; ++i) {
       const StageUse su = ring_of.use(u, i);
@@ -180,7 +202,8 @@ __device__ __forceinline__ void bulk_produce(const T* const (&src)[N], unsigned 
 }
 
 
-template <typename T, int A>
+// P: parts per chunk (1 or 4), a template argument: the 4 KiB plans compile to the loop without parts.
+template <typename T, int A, int P>
 __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     bulk_forward_kernel(OnePassArgs a, BulkGeometry g, int64_t units, int64_t L, FastDivmod hw, int G, int D) {
 #ifdef GNEXT_BULK_SM90
@@ -200,14 +223,16 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const int64_t nc = (L * static_cast<int64_t>(sizeof(T)) + g.chunk - 1) / g.chunk;  // chunks per group
   const int64_t lo = b * nc / nb, cnt = (b + 1) * nc / nb - lo;
   const int64_t E = g.chunk / static_cast<int>(sizeof(T));  // elements per chunk
+  const int items = static_cast<int>(cnt) * P;               // a consumer warp per part of 4 KiB
+  const int64_t Ep = E / P;                                    // elements per part
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  const BulkStages ring_of(g, cnt, W);
-  bulk_init_barriers(full, empty, posted, ready, g.stages, W);
+  const BulkStages ring_of(g, cnt, W / P);  // a streamed chunk's parts: warps j % W of one group of P
+  bulk_init_barriers(full, empty, posted, ready, g.stages, W, P);
 
   if (warp == W) {  // producer
     const T* const src[1] = {x};
-    if (lane == 0) bulk_produce(src, ring, full, empty, ring_of, g.chunk, units, L, lo, cnt);
+    if (lane == 0) bulk_produce(src, ring, full, empty, ring_of, g.chunk, units, L, lo, cnt, g.per_chunk);
     return;
   }
   if (warp == W + 1) {  // publisher
@@ -248,12 +273,13 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const uint64_t drop = l2_policy_evict_first();
   auto statistics = [&](int64_t u) {
     WelfordState s = WelfordOp::identity();
-    for (int64_t i = warp; i < cnt; i += W) {
+    for (int j = warp; j < items; j += W) {
+      const int i = j / P, h = j % P;
       const StageUse su = ring_of.use(u, i);
       const int st = su.st;
       mbar_wait(&full[st], static_cast<uint32_t>(su.use & 1));
-      const int n = static_cast<int>(min(E, L - (lo + i) * E)) / V;
-      const uint4* src = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(st) * g.chunk);
+      const int n = static_cast<int>(max(int64_t{0}, min(Ep, L - (lo + i) * E - h * Ep))) / V;
+      const uint4* src = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(st) * g.chunk + h * Ep * sizeof(T));
       for (int v = lane; v < n; v += 32) {
         Vec q;
         q.raw = src[v];
@@ -276,12 +302,17 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     mbar_wait(&ready[slot], static_cast<uint32_t>((u / kBulkSlots) & 1));
     const float2 ms = stat[slot];
     const int c0 = static_cast<int>(u % G) * D;
-    for (int64_t i = warp; i < cnt; i += W) {
+    for (int j = warp; j < items; j += W) {
+      const int i = j / P, h = j % P;
       const int st = ring_of.use(u, i).st;
       const bool again = ring_of.streamed(i);  // x from L2, not from the ring
-      const int64_t e0 = (lo + i) * E;  // element offset in the group
-      const int n = static_cast<int>(min(E, L - e0)) / V;
-      const uint4* src = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(st) * g.chunk);
+      const int64_t e0 = (lo + i) * E + h * Ep;  // element offset in the group
+      const int n = static_cast<int>(max(int64_t{0}, min(Ep, L - e0))) / V;
+      if (P > 1 && n == 0) {  // a part past the group's end
+        if (!again) release_stage(&empty[st], lane);
+        continue;
+      }
+      const uint4* src = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(st) * g.chunk + h * Ep * sizeof(T));
       const T* xg = x + u * L + e0;
       T* ou = out + u * L + e0;
       const T* ru = res != nullptr ? res + u * L + e0 : nullptr;
@@ -376,7 +407,7 @@ __global__ void __launch_bounds__(kBulkMaxThreadsBwd, 1)
 
   if (warp == W) {  // producer
     const T* const src[2] = {x, dy};
-    if (lane == 0) bulk_produce(src, ring, full, empty, ring_of, g.chunk, units, L, lo, cnt);
+    if (lane == 0) bulk_produce(src, ring, full, empty, ring_of, g.chunk, units, L, lo, cnt, g.per_chunk);
     return;
   }
   if (warp == W + 1) {  // publisher

@@ -519,7 +519,7 @@ inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, const Re
 // ---------------------------------------------------------------------------------------------------------------
 // Bulk forward (group_norm_bulk.cuh, sm_90+): one CTA per SM, a slice of cnt chunks of every NCHW group, copied into
 // a ring of shared-memory chunks by bulk asynchronous copies and normalized from there. The ring holds the slices
-// of ahead + 1 groups plus kBulkSpareStages chunks being copied; ahead = the largest of 4 (kBulkSlots - 2) .. 1 that
+// of ahead + 1 groups plus 16 KiB (at least a chunk) being copied; ahead = the largest of 4 (kBulkSlots - 2) .. 1 that
 // fits (the statistics of a group are complete `ahead` groups before they are needed). The bytes in flight per SM
 // are the free stages, not registers: it streams where the one-pass kernels do not (docs/decisions/bulk.md). It
 // runs for slices of more than 8 chunks: below that the grid-wide chain per group (~3 µs, one group after another)
@@ -532,14 +532,16 @@ constexpr int kBulkSpareStages = 4;
 constexpr int64_t kBulkMinChunks = 9;
 constexpr int64_t kBulkMinChunksBwd = 8;
 constexpr int kBulkStreamStages = 8;
-// Faster memory (peak >= 3.8 TB/s, the H200; docs/decisions/bulk.md): the forward takes held slices of at least
-// kBulkMinChunksFast chunks at look-ahead 1, which leaves the ring's other stages to copies in flight (a look-ahead of
-// 2 holds them and streams slower there). Streamed forwards lose to two-pass. The backward keeps the rule below for
-// identity and ReLU, and takes SiLU on float32 only (its 2-byte slices lose there).
-// Example: 1x128x1024x1024 bf16 forward on the H200: 16 chunks per slice, look-ahead 1: 2 x 16 slices held, 24
-// stages left to copies.
+// Faster memory (peak >= 3.8 TB/s, the H200; docs/decisions/bulk.md): the forward copies chunks of
+// kBulkChunkFast bytes (a copy costs the producer about the same time at 4 and at 8 KiB: with 4 KiB copies the ring
+// fills at ~2 TB/s on the H200, under its read rate), each cut into 4 KiB parts for the consumer warps, at look-ahead
+// 2; it takes held slices of at least kBulkMinChunksFast x 4 KiB. Streamed forwards lose to two-pass. The backward
+// (4 KiB chunks) keeps the rule below for identity and ReLU, and takes SiLU on float32 only (its 2-byte slices lose).
+// Example: 1x128x1024x1024 bf16 forward on the H200: 8 MiB groups = 512 chunks of 16 KiB, 4 per CTA; (232448 -
+// 2560) / 16384 -> 14 stages; 3 x 4 + 1 <= 14: look-ahead 2, 16 consumer warps on the 16 parts of a slice.
+constexpr int kBulkChunkFast = 16384;
 constexpr int64_t kBulkMinChunksFast = 16;
-constexpr int kBulkAheadFast = 1;
+constexpr int kBulkAheadFast = 2;
 
 // Where the ring holds (ahead + 1) slices (ahead >= 1), every chunk stays in shared memory until its group is
 // normalized. Where it does not (streamed), the look-ahead is 1: `hold` chunks of each slice stay in a region of
@@ -560,21 +562,28 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   BulkGeometry g{};
   g.grid = static_cast<unsigned>(d.sms);
   g.consumers = std::clamp(t.bulk_consumers, 1, bwd ? kBulkMaxConsumersBwd : kBulkMaxConsumers);
-  g.chunk = kBulkChunk;
-  const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * kBulkChunk;
-  const int64_t cnt = ceil_div(ceil_div(L * esize, kBulkChunk), d.sms);  // chunks per slice, at most
-  if (bwd && (cnt * (kBulkChunk / esize) > p.HxW || d.sms > kBulkMaxGridBwd)) return std::nullopt;
+  const bool fast = !persistent_kernels_pay(d.peak_gbs);
+  g.chunk = bwd ? kBulkChunk : t.bulk_chunk > 0 ? t.bulk_chunk : fast ? kBulkChunkFast : kBulkChunk;
+  // The producer counts stages up only in the H200's forward: the H100 measured 5-8% slower that way, and the H200's
+  // held backward 1.09x slower (docs/decisions/bulk.md).
+  g.per_chunk = t.bulk_pace >= 0 ? t.bulk_pace == 1 : bwd || !fast;
+  g.parts = g.chunk / kBulkChunk;  // 4 KiB per consumer warp: 1 or 4 parts (the kernels compiled)
+  if ((g.chunk != kBulkChunk && g.chunk != 4 * kBulkChunk) || g.consumers % g.parts != 0) return std::nullopt;
+  const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * g.chunk;
+  const int64_t cnt = ceil_div(ceil_div(L * esize, g.chunk), d.sms);  // chunks per slice, at most
+  if (bwd && (cnt * (g.chunk / esize) > p.HxW || d.sms > kBulkMaxGridBwd)) return std::nullopt;
   g.stages = static_cast<int>(std::min<int64_t>(
       kBulkMaxStages, (d.smem_per_block - static_cast<int64_t>(kBulkHeader)) / stage_bytes));
   if (bulk_header_bytes(g.stages, g.consumers, bwd) > kBulkHeader) return std::nullopt;
   const int lowest = bwd ? 0 : 1;
-  const bool fast = !persistent_kernels_pay(d.peak_gbs);
   const int want = t.bulk_ahead >= 0 ? std::clamp(t.bulk_ahead, lowest, kBulkSlots - 2)
                    : fast && !bwd    ? kBulkAheadFast
                                      : kBulkSlots - 2;
   g.ahead = -1;
   for (int ahead = want; ahead >= lowest && g.ahead < 0; --ahead)
-    if ((ahead + 1) * cnt + kBulkSpareStages <= g.stages && (ahead >= 1 || t.bulk_ahead == 0)) g.ahead = ahead;
+    if ((ahead + 1) * cnt + std::max(1, kBulkSpareStages * kBulkChunk / g.chunk) <= g.stages &&
+        (ahead >= 1 || t.bulk_ahead == 0))
+      g.ahead = ahead;
   if (g.ahead < 0 || t.bulk_hold >= 0) {  // streamed
     g.stream = true;
     g.ahead = t.bulk_ahead >= 1 ? std::min(want, kBulkSlots - 2) : 1;
@@ -583,7 +592,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
     g.hold = -1;
     for (int h = std::min<int64_t>(most, cnt); h >= 0 && g.hold < 0; --h) {
       const int64_t left = g.stages - int64_t{g.ahead + 1} * h;
-      if (left >= std::min<int64_t>(g.consumers, cnt - h) && (left >= kBulkStreamStages || t.bulk_hold >= 0) && left > 0)
+      if (left >= std::min<int64_t>(g.consumers / g.parts, cnt - h) && (left >= kBulkStreamStages || t.bulk_hold >= 0) && left > 0)
         g.hold = h;
     }
     if (g.hold < 0) return std::nullopt;
@@ -591,9 +600,9 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   if (g.ahead < 0) return std::nullopt;
   g.smem = kBulkHeader + static_cast<size_t>(g.stages * stage_bytes);
   if ((bwd ? t.bulk_bwd : t.bulk) == 2) return g;
-  if (cnt < (bwd ? kBulkMinChunksBwd : kBulkMinChunks)) return std::nullopt;
+  if (cnt * g.parts < (bwd ? kBulkMinChunksBwd : kBulkMinChunks)) return std::nullopt;
   if (fast && (bwd ? r.act != kActIdentity && r.act != kActRelu && (r.act != kActSilu || esize < 4)
-                   : g.stream || cnt < kBulkMinChunksFast))
+                   : g.stream || cnt * g.parts < kBulkMinChunksFast))
     return std::nullopt;
   // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2; beyond it they miss
   // L2 and go back to DRAM (docs/decisions/bulk.md).
@@ -634,7 +643,7 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
       plan.why = persistent_kernels_pay(d.peak_gbs)
                      ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
-                     : "bulk: held slices of >= 16 chunks per SM at look-ahead 1 (>= 3.8 TB/s: copies in flight), "
+                     : "bulk: held slices of >= 64 KiB per SM in 16 KiB copies at look-ahead 2 (>= 3.8 TB/s), "
                        "copied once into shared memory by bulk asynchronous copies";
       return plan;
     }

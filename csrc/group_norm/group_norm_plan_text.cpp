@@ -56,9 +56,10 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
     case gn::Kernel::kBulk: {
       const auto& g = pl.bulk;
       s += fmt("  grid %u persistent CTAs x %d threads (%d consumer warps, producer, publisher, merger), %zu B shared "
-               "memory; ring of %d %s of %d B, look-ahead %d group(s)\n",
+               "memory; ring of %d %s of %d B (%d part(s) of 4 KiB, a consumer warp each), look-ahead %d group(s); "
+               "producer %s\n",
                g.grid, (g.consumers + 3) * 32, g.consumers, g.smem, g.stages, bwd ? "stages, x and dy chunks" : "chunks",
-               g.chunk, g.ahead);
+               g.chunk, g.parts, g.ahead, g.per_chunk || g.stream ? "per chunk" : "counts stages up");
       if (g.stream)
         s += fmt("  streamed: %d chunks of each slice held in shared memory, the rest read again from L2\n",
                  g.hold);
