@@ -492,6 +492,22 @@ def test_gpu_nhwc_min_rows(case, dtype, rows, tuning):
     run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=17)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["0", "1"])  # about 4 CTAs per SM looping over chunks; a CTA per 2048-vector tile
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", [((2, 64, 96, 96), 8, None), ((1, 32, 129, 131), 4, None),
+                                  ((1, 16, 300, 301), 4, None), ((2, 8, 6, 64, 65), 2, None)], ids=_ids)
+def test_gpu_nchw_elementwise_tiles(case, dtype, tile, tuning):
+    """The two-pass NCHW elementwise pass both ways (GNEXT_AFFINE_TILE): rows of one or two tiles, odd rows read
+    one element at a time (16899: 9 tiles, the last short), rows whose vector is not 16 bytes (90300) and 5-D maps."""
+    tuning.set("GNEXT_ONEPASS", "0")
+    tuning.set("GNEXT_BULK", "0")
+    tuning.set("GNEXT_BULK_BWD", "0")
+    tuning.set("GNEXT_WIDE", "0")
+    tuning.set("GNEXT_AFFINE_TILE", tile)
+    run_case(*case, dtype, "cuda", affine="same" if dtype == torch.float32 else "fp32", seed=23)
+
+
 def _cuda_kernels(fn):
     """Names of the CUDA kernels (not memsets/copies) that fn() launches."""
     fn()

@@ -151,6 +151,23 @@ def test_two_pass_forward_fills_whole_waves():
 
 
 @needs_planner
+def test_two_pass_elementwise_tiles():
+    """The NCHW elementwise pass in tiles of 2048 vectors, a CTA each (docs/decisions/two-pass-split.md): on the H100
+    in both directions, on the H200 for the backward and 4-byte forwards; the H200's 2-byte forward keeps about 4
+    CTAs per SM looping over chunks."""
+    def elementwise(text, direction):
+        return text.split(f"{direction}: ")[1].split("elementwise: ")[1].split("\n")[0]
+
+    _, _, text = _plan("1,128,2048,2048:32:float32", "h100")
+    assert elementwise(text, "forward") == "grid 65536 x 1, 512 threads, tiles of 8192 elements"
+    _, _, text = _plan("1,128,2048,2048:32:bfloat16", "h200")
+    assert elementwise(text, "forward") == "grid 128 x 4, 512 threads"
+    assert elementwise(text, "backward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
+    _, _, text = _plan("1,128,2048,2048:32:float32", "h200")
+    assert elementwise(text, "forward") == "grid 65536 x 1, 512 threads, tiles of 8192 elements"
+
+
+@needs_planner
 @pytest.mark.parametrize("spec,act,bwd", [
     ("32,256,56,56:32:bfloat16", "silu", "two-pass"),  # 1024 groups of 2 tiles, 16-bit, with an activation
     ("12,256,56,56:32:bfloat16", "relu", "two-pass"),

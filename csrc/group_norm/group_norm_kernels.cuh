@@ -522,29 +522,38 @@ __device__ __forceinline__ float pw_channel(const PwArgs& pw, int64_t c) {
 }
 
 // Loads U vectors (x and, for the backward, dy) at offs[u] before any store, then writes
-// out = channel_affine(...) for each. All U loads are in flight together.
+// out = channel_affine(...) for each. All U loads are in flight together, held as raw vectors until
+// used (float arrays of x and the optional residual cost the 2-byte forward ~100 registers, one
+// 512-thread CTA per SM; raw, 58-64; docs/decisions/two-pass-split.md).
 // res: the epilogue's residual (forward), added last, or null.
 template <typename T, int V, bool HasDy, int Pw, int U>
 __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                                             const int64_t (&offs)[U], const float4* k, const float* pc, int k_stride,
                                             const T* __restrict__ res) {
-  float xs[U][V], ds[U][V], rs[U][V];
+  using Raw = typename Pack<T, V>::Raw;
+  Raw xr[U], dr[U], rr[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    load_vec<T, V>(x + offs[u], xs[u]);
-    if constexpr (HasDy) load_vec<T, V>(dy + offs[u], ds[u]);
-    if (!HasDy && res != nullptr) load_vec<T, V>(res + offs[u], rs[u]);
+    xr[u] = ldg_raw(reinterpret_cast<const Raw*>(x + offs[u]));
+    if constexpr (HasDy) dr[u] = ldg_raw(reinterpret_cast<const Raw*>(dy + offs[u]));
+    if (!HasDy && res != nullptr) rr[u] = ldg_raw(reinterpret_cast<const Raw*>(res + offs[u]));
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
+    Pack<T, V> px, pd, pr;
+    px.raw = xr[u];
+    if constexpr (HasDy) pd.raw = dr[u];
+    float o[V];
 #pragma unroll
     for (int j = 0; j < V; ++j)
-      xs[u][j] = pw_affine<HasDy, Pw>(k[j * k_stride], xs[u][j], HasDy ? ds[u][j] : 0.f, pc[j * k_stride]);
+      o[j] = pw_affine<HasDy, Pw>(k[j * k_stride], to_float(px.v[j]), HasDy ? to_float(pd.v[j]) : 0.f,
+                                  pc[j * k_stride]);
     if (!HasDy && res != nullptr) {
+      pr.raw = rr[u];
 #pragma unroll
-      for (int j = 0; j < V; ++j) xs[u][j] += rs[u][j];
+      for (int j = 0; j < V; ++j) o[j] += to_float(pr.v[j]);
     }
-    store_vec<T, V>(out + offs[u], xs[u]);
+    store_vec<T, V>(out + offs[u], o);
   }
 }
 
@@ -569,9 +578,9 @@ __device__ __forceinline__ void affine_vecs_dy_nchw(const T* __restrict__ x, con
   }
 }
 
-// NCHW. Long rows (rows_per_cta == 1): grid = (N*C, chunks), a CTA covers `chunk` elements of one
-// row. Short rows: grid = (ceil(N*C / rows_per_cta)), a CTA covers rows_per_cta whole rows and
-// finds each vector's row with a fast divide by HxW/V.
+// NCHW. Long rows: a CTA covers `chunk` elements of one row; grid = (N*C*chunks) with row-major CTAs
+// (rows_per_cta == 0) or (N*C, chunks) (rows_per_cta == 1). Short rows: grid = (ceil(N*C / rows_per_cta)),
+// a CTA covers rows_per_cta whole rows and finds each vector's row with a fast divide by HxW/V.
 template <typename T, int V, bool HasDy, int Pw>
 __global__ void __launch_bounds__(kMaxThreads)
     affine_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
@@ -583,8 +592,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   // CTAs walk the grid backwards: the reduction walked (row, chunk) forwards, so the first CTAs
   // here re-read from L2 (50 MB on the H100) what it read last.
   const int64_t bx = gridDim.x - 1 - blockIdx.x, by = gridDim.y - 1 - blockIdx.y;
-  if (rows_per_cta == 1) {
-    const int64_t row = bx, h0 = by * chunk;
+  if (rows_per_cta <= 1) {
+    const int64_t per_row = rows_per_cta == 1 ? 1 : (HxW + chunk - 1) / chunk;
+    const int64_t row = bx / per_row, h0 = (rows_per_cta == 1 ? by : bx % per_row) * chunk;
     const int64_t nvec = (min(HxW, h0 + chunk) - h0) / V, off = row * HxW + h0;
     const float4 k = coef[row];
     const float pc = pw_channel<HasDy, Pw>(pw, row % C);

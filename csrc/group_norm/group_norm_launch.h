@@ -41,7 +41,8 @@ struct ReduceGeometry {
   int threads, tpr, rpi;
   size_t smem;
 };
-//   NCHW long rows (rows_per_cta == 1): grid (N*C, K chunks); short rows: grid (rows / rows_per_cta).
+//   NCHW long rows: tiles (rows_per_cta == 0): a 1-D grid of N*C*K CTAs, CTA b on chunk b % K of row b / K;
+//   otherwise (rows_per_cta == 1) grid (N*C, K chunks). Short rows: grid (rows / rows_per_cta).
 //   NHWC: as the reduction.
 struct AffineGeometry {
   bool nhwc;

@@ -168,10 +168,19 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
   return g;
 }
 
+constexpr bool persistent_kernels_pay(int64_t peak_gbs);
+// NCHW long rows in tiles (a CTA per kMaxThreads x kUnroll vectors) rather than ~4 CTAs per SM looping over chunks:
+// on the H100 forwards 2-13% and backwards 2-8% faster; on the H200 backwards 0-5% and float32 forwards up to 8%
+// (one GN+SiLU 0.6% slower). The H200's forward of 2-byte elements keeps the loop until tiles are measured there
+// with the kernel's current register count (docs/decisions/two-pass-split.md).
+constexpr bool affine_tiles(bool bwd, int64_t esize, int64_t peak_gbs) {
+  return bwd || esize >= 4 || persistent_kernels_pay(peak_gbs);
+}
+
 // The elementwise pass. bwd: the backward's dx pass; act: with an output activation's derivative (the NHWC
 // backward with one keeps target_ctas). Short NCHW rows are packed several to a CTA.
-inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, bool bwd, bool act, const Device& d,
-                                      const Tuning& t) {
+inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, int64_t esize, bool bwd, bool act,
+                                      const Device& d, const Tuning& t) {
   AffineGeometry g{};
   g.nhwc = nhwc;
   g.vec = V;
@@ -193,6 +202,19 @@ inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, bool b
     g.grid_x = static_cast<unsigned>(ceil_div(rows, rows_per_cta));
     g.grid_y = 1;
     g.chunk = p.HxW;
+    return g;
+  }
+  // Tiles: a CTA per kVecsPerCta vectors of a row, one trip of kUnroll loads per thread, in a 1-D grid whose
+  // consecutive CTAs are consecutive tiles in memory (affine_tiles).
+  const int64_t tiles = ceil_div(hwv, kVecsPerCta);
+  const bool tiled = t.affine_tile >= 0 ? t.affine_tile == 1 : affine_tiles(bwd, esize, d.peak_gbs);
+  if (tiled && rows * tiles < (int64_t{1} << 31)) {
+    const RowSplit s = nchw_row_split(p, V, tiles, rows * tiles, t.chunk_align, false);
+    g.rows_per_cta = 0;
+    g.chunk = s.chunk;
+    g.threads = s.threads;
+    g.grid_x = static_cast<unsigned>(rows * s.K);
+    g.grid_y = 1;
     return g;
   }
   const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta, target, t.chunk_align, !bwd);
@@ -624,7 +646,7 @@ inline Plan two_pass(Plan plan, const Problem& p, const Request& r, bool bwd, co
   plan.kernel = Kernel::kTwoPass;
   const int V = vector_width(r.esize, plan.nhwc ? p.C : p.HxW, r.aligned);
   plan.reduce = reduce_geometry(p, plan.nhwc, V, bwd ? kGradStateBytes : kMomentsStateBytes, bwd, d, t);
-  if (!bwd || r.need_dx) plan.affine = affine_geometry(p, plan.nhwc, V, bwd, r.act != kActIdentity, d, t);
+  if (!bwd || r.need_dx) plan.affine = affine_geometry(p, plan.nhwc, V, r.esize, bwd, r.act != kActIdentity, d, t);
   return plan;
 }
 

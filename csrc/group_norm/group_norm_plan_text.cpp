@@ -83,10 +83,12 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
     }
     case gn::Kernel::kTwoPass: {
       const auto& g = pl.reduce;
+      const bool tiles = !pl.nhwc && pl.affine.rows_per_cta == 0;
       s += fmt("  reduce: %lld chunk(s) of %lld %s, %d threads, vector %d; finalize; elementwise: grid %u x %u, %d "
-               "threads\n",
+               "threads%s\n",
                static_cast<long long>(g.K), static_cast<long long>(g.chunk), pl.nhwc ? "rows" : "elements", g.threads,
-               g.vec, pl.affine.grid_x, pl.affine.grid_y, pl.affine.threads);
+               g.vec, pl.affine.grid_x, pl.affine.grid_y, pl.affine.threads,
+               tiles ? fmt(", tiles of %lld elements", static_cast<long long>(pl.affine.chunk)).c_str() : "");
       reads = bwd ? 4 : 2;
       break;
     }
