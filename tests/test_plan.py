@@ -165,6 +165,9 @@ def test_two_pass_elementwise_tiles():
     assert elementwise(text, "backward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
     _, _, text = _plan("1,128,2048,2048:32:float32", "h200")
     assert elementwise(text, "forward") == "grid 65536 x 1, 512 threads, tiles of 8192 elements"
+    # 2^22 rows of 2048 tiles: past a 1-D grid's 2^31 CTAs, a CTA per row chunk as before
+    _, _, text = _plan("4096,1024,4096,4096:32:float32", "h100")
+    assert elementwise(text, "forward") == "grid 4194304 x 1, 512 threads"
 
 
 @needs_planner

@@ -3,7 +3,7 @@
 // argument; nothing else reads the environment. The process-wide value is read once from GNEXT_* environment
 // variables, on first use, and can be replaced at run time (groupnorm_ext.set_tuning, which the tests use).
 // The defaults are the planner's rules; the overrides exist for measurements and for tests that force a kernel.
-// docs/api.md lists them (generated from kTuningFields by `python -m groupnorm_ext --info`).
+// `python -m groupnorm_ext --info` lists them with their current values (kTuningFields; docs/development.md).
 #pragma once
 #include <cstdlib>
 #include <mutex>
