@@ -593,8 +593,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   // here re-read from L2 (50 MB on the H100) what it read last.
   const int64_t bx = gridDim.x - 1 - blockIdx.x, by = gridDim.y - 1 - blockIdx.y;
   if (rows_per_cta <= 1) {
-    const int64_t per_row = rows_per_cta == 1 ? 1 : (HxW + chunk - 1) / chunk;
-    const int64_t row = bx / per_row, h0 = (rows_per_cta == 1 ? by : bx % per_row) * chunk;
+    int64_t row = bx, h0 = by * chunk;
+    if (rows_per_cta == 0) {  // tiles: a 1-D grid of per_row CTAs per row
+      const int64_t per_row = (HxW + chunk - 1) / chunk;
+      row = bx / per_row, h0 = bx % per_row * chunk;
+    }
     const int64_t nvec = (min(HxW, h0 + chunk) - h0) / V, off = row * HxW + h0;
     const float4 k = coef[row];
     const float pc = pw_channel<HasDy, Pw>(pw, row % C);
