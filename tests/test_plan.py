@@ -57,8 +57,9 @@ def test_bulk_rule():
     groups (24 chunks) with look-ahead 1; 16 MiB groups (32 chunks, too many for the ring twice) streamed, 24 chunks
     held and 8 read again from L2; 4 MiB groups (8 chunks) and 32 MiB groups (44 chunks of each to read again: over
     a quarter of L2) keep their plans; not on sm_80 (no bulk copies), not for channels_last inputs. On the H200
-    (>= 3.8 TB/s): copies of 16 KiB (4 parts of 4 KiB), held slices of at least 64 KiB, at look-ahead 2; 4 MiB groups
-    and streamed slices keep the two-pass or one-pass plans; the backward keeps 4 KiB chunks. The producer counts
+    (>= 3.8 TB/s): copies of 16 KiB (4 parts of 4 KiB), held slices of at least 64 KiB, at look-ahead 2; 16 MiB
+    groups (streamed) in 8 KiB copies, 10 of 16 chunks held; 4 MiB groups and 20-32 MiB groups (over a quarter of
+    L2 to read again) keep the two-pass or one-pass plans; the backward keeps 4 KiB chunks. The producer counts
     stages up in the H200's forward only."""
     fwd, _, text = _plan("1,128,1024,1024:32:float16", "h100")
     assert fwd == "bulk" and "look-ahead 2" in text.split("backward:")[0], text
@@ -79,7 +80,11 @@ def test_bulk_rule():
     assert "of 4096 B (1 part(s)" in text and "producer counts stages up" not in text, text
     text = _plan("1,512,256,256:32:float32", "h200")[2].split("backward:")[1]
     assert "bulk" in text and "of 4096 B (1 part(s)" in text and "producer per chunk" in text, text
-    for spec in ("2,256,512,512:32:bfloat16", "8,128,512,512:32:float32", "1,256,1024,1024:32:bfloat16",
+    for spec in ("1,256,1024,1024:32:bfloat16", "1,512,512,512:32:float32"):
+        fwd, _, text = _plan(spec, "h200")
+        fwd_text = text.split("backward:")[0]
+        assert fwd == "bulk" and "of 8192 B (2 part(s)" in fwd_text and "streamed: 10 chunks" in fwd_text, text
+    for spec in ("2,256,512,512:32:bfloat16", "8,128,512,512:32:float32", "1,320,1024,1024:32:float16",
                  "1,128,2048,2048:32:bfloat16"):
         assert _plan(spec, "h200")[0] != "bulk", spec
 
@@ -153,14 +158,17 @@ def test_two_pass_forward_fills_whole_waves():
 @needs_planner
 def test_two_pass_elementwise_tiles():
     """The NCHW elementwise pass in tiles of 2048 vectors, a CTA each (docs/decisions/two-pass-split.md): on the H100
-    in both directions, on the H200 for the backward and 4-byte forwards; the H200's 2-byte forward keeps about 4
-    CTAs per SM looping over chunks."""
+    in both directions, on the H200 for the backward, 4-byte forwards and forwards without an activation; the H200's
+    2-byte forward with one (GroupNorm+SiLU) keeps about 4 CTAs per SM looping over chunks."""
     def elementwise(text, direction):
         return text.split(f"{direction}: ")[1].split("elementwise: ")[1].split("\n")[0]
 
     _, _, text = _plan("1,128,2048,2048:32:float32", "h100")
     assert elementwise(text, "forward") == "grid 65536 x 1, 512 threads, tiles of 8192 elements"
     _, _, text = _plan("1,128,2048,2048:32:bfloat16", "h200")
+    assert elementwise(text, "forward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
+    assert elementwise(text, "backward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
+    _, _, text = _plan("1,128,2048,2048:32:bfloat16", "h200", act="silu")
     assert elementwise(text, "forward") == "grid 128 x 4, 512 threads"
     assert elementwise(text, "backward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
     _, _, text = _plan("1,128,2048,2048:32:float32", "h200")

@@ -202,7 +202,7 @@ __device__ __forceinline__ void bulk_produce(const T* const (&src)[N], unsigned 
 }
 
 
-// P: parts per chunk (1 or 4), a template argument: the 4 KiB plans compile to the loop without parts.
+// P: parts per chunk (1, 2 or 4), a template argument: the 4 KiB plans compile to the loop without parts.
 template <typename T, int A, int P>
 __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     bulk_forward_kernel(OnePassArgs a, BulkGeometry g, int64_t units, int64_t L, FastDivmod hw, int G, int D) {

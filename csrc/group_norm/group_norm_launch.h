@@ -188,7 +188,7 @@ struct BulkGeometry {
                   // memory, the rest read again from L2 for dx
   int hold;       // with stream: chunks per slice kept; stages - (ahead + 1) * hold >= 1 stream the rest
   bool per_chunk;  // the producer computes each chunk's stage before its wait instead of counting them up
-  int parts;      // forward: consumer warps per chunk, 1 or 4 (4 KiB each; divides consumers); backward: 1
+  int parts;      // forward: consumer warps per chunk, 1, 2 or 4 (4 KiB each; divides consumers); backward: 1
 };
 cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream);

@@ -170,11 +170,11 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
 
 constexpr bool persistent_kernels_pay(int64_t peak_gbs);
 // NCHW long rows in tiles (a CTA per kMaxThreads x kUnroll vectors) rather than ~4 CTAs per SM looping over chunks:
-// on the H100 forwards 2-13% and backwards 2-8% faster; on the H200 backwards 0-5% and float32 forwards up to 8%
-// (one GN+SiLU 0.6% slower). The H200's forward of 2-byte elements keeps the loop until tiles are measured there
-// with the kernel's current register count (docs/decisions/two-pass-split.md).
-constexpr bool affine_tiles(bool bwd, int64_t esize, int64_t peak_gbs) {
-  return bwd || esize >= 4 || persistent_kernels_pay(peak_gbs);
+// on the H100 forwards 2-13% and backwards 2-8% faster; on the H200 backwards 0-5%, float32 forwards 8% and 2-byte
+// GroupNorm forwards 2-4% faster, while its 2-byte forwards with an activation (GN+SiLU) were 2-3% slower and keep
+// the loop (docs/decisions/two-pass-split.md).
+constexpr bool affine_tiles(bool bwd, bool act, int64_t esize, int64_t peak_gbs) {
+  return bwd || !act || esize >= 4 || persistent_kernels_pay(peak_gbs);
 }
 
 // The elementwise pass. bwd: the backward's dx pass; act: with an output activation's derivative (the NHWC
@@ -207,7 +207,7 @@ inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, int64_
   // Tiles: a CTA per kVecsPerCta vectors of a row, one trip of kUnroll loads per thread, in a 1-D grid whose
   // consecutive CTAs are consecutive tiles in memory (affine_tiles).
   const int64_t tiles = ceil_div(hwv, kVecsPerCta);
-  const bool tiled = t.affine_tile >= 0 ? t.affine_tile == 1 : affine_tiles(bwd, esize, d.peak_gbs);
+  const bool tiled = t.affine_tile >= 0 ? t.affine_tile == 1 : affine_tiles(bwd, act, esize, d.peak_gbs);
   if (tiled && rows * tiles < (int64_t{1} << 31)) {
     const RowSplit s = nchw_row_split(p, V, tiles, rows * tiles, t.chunk_align, false);
     g.rows_per_cta = 0;
@@ -557,13 +557,19 @@ constexpr int kBulkStreamStages = 8;
 // Faster memory (peak >= 3.8 TB/s, the H200; docs/decisions/bulk.md): the forward copies chunks of
 // kBulkChunkFast bytes (a copy costs the producer about the same time at 4 and at 8 KiB: with 4 KiB copies the ring
 // fills at ~2 TB/s on the H200, under its read rate), each cut into 4 KiB parts for the consumer warps, at look-ahead
-// 2; it takes held slices of at least kBulkMinChunksFast x 4 KiB. Streamed forwards lose to two-pass. The backward
+// 2; it takes held slices of at least kBulkMinChunksFast x 4 KiB. Slices streamed in 16 KiB copies lose to two-pass. The backward
 // (4 KiB chunks) keeps the rule below for identity and ReLU, and takes SiLU on float32 only (its 2-byte slices lose).
 // Example: 1x128x1024x1024 bf16 forward on the H200: 8 MiB groups = 512 chunks of 16 KiB, 4 per CTA; (232448 -
 // 2560) / 16384 -> 14 stages; 3 x 4 + 1 <= 14: look-ahead 2, 16 consumer warps on the 16 parts of a slice.
 constexpr int kBulkChunkFast = 16384;
 constexpr int64_t kBulkMinChunksFast = 16;
 constexpr int kBulkAheadFast = 2;
+// A slice that 16 KiB copies can only stream is retried with kBulkChunkStreamFast copies (2 parts): twice the
+// stages, so more of each slice is held and less read again from L2.
+// Example: 1x256x1024x1024 bf16 on the H200: 16 MiB groups; 16 KiB: 8 chunks per CTA in 14 stages, streamed, 5 of
+// them read again (20.6 MiB in flight: over a quarter of its 60 MiB L2); 8 KiB: 16 chunks in 28 stages, hold 10,
+// 6 read again (12.4 MiB): streamed in 8 KiB copies.
+constexpr int kBulkChunkStreamFast = 8192;
 
 // Where the ring holds (ahead + 1) slices (ahead >= 1), every chunk stays in shared memory until its group is
 // normalized. Where it does not (streamed), the look-ahead is 1: `hold` chunks of each slice stay in a region of
@@ -589,8 +595,9 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   // The producer counts stages up only in the H200's forward: the H100 measured 5-8% slower that way, and the H200's
   // held backward 1.09x slower (docs/decisions/bulk.md).
   g.per_chunk = t.bulk_pace >= 0 ? t.bulk_pace == 1 : bwd || !fast;
-  g.parts = g.chunk / kBulkChunk;  // 4 KiB per consumer warp: 1 or 4 parts (the kernels compiled)
-  if ((g.chunk != kBulkChunk && g.chunk != 4 * kBulkChunk) || g.consumers % g.parts != 0) return std::nullopt;
+  g.parts = g.chunk / kBulkChunk;  // 4 KiB per consumer warp: 1, 2 or 4 parts (the kernels compiled)
+  if ((g.chunk != kBulkChunk && g.chunk != 2 * kBulkChunk && g.chunk != 4 * kBulkChunk) || g.consumers % g.parts != 0)
+    return std::nullopt;
   const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * g.chunk;
   const int64_t cnt = ceil_div(ceil_div(L * esize, g.chunk), d.sms);  // chunks per slice, at most
   if (bwd && (cnt * (g.chunk / esize) > p.HxW || d.sms > kBulkMaxGridBwd)) return std::nullopt;
@@ -623,8 +630,13 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   g.smem = kBulkHeader + static_cast<size_t>(g.stages * stage_bytes);
   if ((bwd ? t.bulk_bwd : t.bulk) == 2) return g;
   if (cnt * g.parts < (bwd ? kBulkMinChunksBwd : kBulkMinChunks)) return std::nullopt;
+  if (fast && !bwd && g.stream && g.chunk == kBulkChunkFast && t.bulk_chunk <= 0) {
+    Tuning half = t;
+    half.bulk_chunk = kBulkChunkStreamFast;
+    return bulk_geometry(p, r, bwd, d, half);
+  }
   if (fast && (bwd ? r.act != kActIdentity && r.act != kActRelu && (r.act != kActSilu || esize < 4)
-                   : g.stream || cnt * g.parts < kBulkMinChunksFast))
+                   : (g.stream && g.chunk != kBulkChunkStreamFast) || cnt * g.parts < kBulkMinChunksFast))
     return std::nullopt;
   // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2; beyond it they miss
   // L2 and go back to DRAM (docs/decisions/bulk.md).
@@ -665,6 +677,9 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
       plan.why = persistent_kernels_pay(d.peak_gbs)
                      ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
+                 : g->stream
+                     ? "bulk: slices streamed in 8 KiB copies where 16 KiB copies would read too much again from L2 "
+                       "(>= 3.8 TB/s), copied once into shared memory by bulk asynchronous copies"
                      : "bulk: held slices of >= 64 KiB per SM in 16 KiB copies at look-ahead 2 (>= 3.8 TB/s), "
                        "copied once into shared memory by bulk asynchronous copies";
       return plan;
