@@ -176,8 +176,8 @@ def test_bulk_forward(act, ahead, hold, chunk, tuning):
     read again to normalize): 4 KiB chunks that straddle channels (float32 HxW = 1600: 6400-byte channels), partial
     last chunks, CTAs without a chunk (7 chunks per group on a grid of one CTA per SM), slices of four chunks
     (1x2x512x512 float32, G = 1), G = C, N = 1; output and gradients (the backward reads the forward's mean/rstd)
-    against float64; copies of 4 KiB, 8 KiB (2 parts) and 16 KiB (4 parts; parts past a group's end). Each shape's forward plan is
-    checked to be the bulk kernel in that mode."""
+    against float64; copies of 4 KiB, 8 KiB (2 parts) and 16 KiB (4 parts; parts past a group's end). Each shape's
+    forward plan is checked to be the bulk kernel in that mode."""
     _check_bulk("forward", "GNEXT_BULK", act, ahead, hold, tuning, seed=17, chunk=chunk, cases=[
         ((2, 16, 40, 40), 4, True, True), ((1, 8, 24, 48), 1, False, True), ((3, 6, 16, 16), 6, True, False),
         ((1, 2, 512, 512), 1, True, True)])

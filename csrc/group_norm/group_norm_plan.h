@@ -557,8 +557,9 @@ constexpr int kBulkStreamStages = 8;
 // Faster memory (peak >= 3.8 TB/s, the H200; docs/decisions/bulk.md): the forward copies chunks of
 // kBulkChunkFast bytes (a copy costs the producer about the same time at 4 and at 8 KiB: with 4 KiB copies the ring
 // fills at ~2 TB/s on the H200, under its read rate), each cut into 4 KiB parts for the consumer warps, at look-ahead
-// 2; it takes held slices of at least kBulkMinChunksFast x 4 KiB. Slices streamed in 16 KiB copies lose to two-pass. The backward
-// (4 KiB chunks) keeps the rule below for identity and ReLU, and takes SiLU on float32 only (its 2-byte slices lose).
+// 2; it takes held slices of at least kBulkMinChunksFast x 4 KiB. Slices streamed in 16 KiB copies lose to
+// two-pass. The backward (4 KiB chunks) keeps the rule below for identity and ReLU, and takes SiLU on float32 only
+// (its 2-byte slices lose).
 // Example: 1x128x1024x1024 bf16 forward on the H200: 8 MiB groups = 512 chunks of 16 KiB, 4 per CTA; (232448 -
 // 2560) / 16384 -> 14 stages; 3 x 4 + 1 <= 14: look-ahead 2, 16 consumer warps on the 16 parts of a slice.
 constexpr int kBulkChunkFast = 16384;

@@ -20,7 +20,7 @@ struct Tuning {
   int bulk_consumers = 16;     // bulk consumer warps (forward 1-16, backward at most 8)
   int bulk_hold = kRule;       // bulk, streamed: chunks of a slice kept in shared memory, the rest read again from L2
   int bulk_pace = kRule;       // bulk producer: 0 counts stages up, 1 computes each chunk's stage; rule: 0 only for the forward >= 3.8 TB/s
-  int bulk_chunk = kRule;      // bulk forward copy bytes, 4096, 8192 or 16384 (4 KiB per consumer warp); rule: 16384 on >= 3.8 TB/s
+  int bulk_chunk = kRule;      // bulk forward copy bytes, 4096, 8192 or 16384 (4 KiB per consumer warp)
   int onepass = 1;             // 0: never the one-pass kernels; 1: the rule; 2: wherever they fit
   int onepass_ctas = kRule;    // one-pass CTAs per SM (1-4); rule: 2, or 4 for many small NCHW groups
   int onepass_nbuf = 2;        // one-pass shared-memory stages (2-4)
