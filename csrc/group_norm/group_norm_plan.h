@@ -679,8 +679,8 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
       plan.why = persistent_kernels_pay(d.peak_gbs)
                      ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
                  : g->stream
-                     ? "bulk: slices streamed in 8 KiB copies where 16 KiB copies would read too much again from L2 "
-                       "(>= 3.8 TB/s), copied once into shared memory by bulk asynchronous copies"
+                     ? "bulk: slices streamed through shared memory, the part not held read again from L2 (>= 3.8 "
+                       "TB/s: 8 KiB copies where 16 KiB ones would read too much again), by bulk asynchronous copies"
                      : "bulk: held slices of >= 64 KiB per SM in 16 KiB copies at look-ahead 2 (>= 3.8 TB/s), "
                        "copied once into shared memory by bulk asynchronous copies";
       return plan;
