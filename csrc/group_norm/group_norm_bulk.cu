@@ -32,7 +32,7 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || g.consumers < 1 ||
       g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 1 ||
       g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, false) > kBulkHeader ||
-      !bulk_stream_fits(p, g, 0) || (g.parts != 1 && g.parts != 2 && g.parts != 4) || g.chunk % (16 * g.parts) != 0 ||
+      !bulk_stream_fits(p, g, 0) || !bulk_parts_compiled(g.parts) || g.chunk % (16 * g.parts) != 0 ||
       g.consumers % g.parts != 0)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {

@@ -159,6 +159,8 @@ cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeome
 // x, out, gamma, beta, wt, mean, rstd, partial (N*G*grid Welford states), counters (N*G, zero), eps and pw (output
 // activation and residual; no prologue).
 constexpr int kBulkMaxConsumers = 16;
+// The forward's parts per copy that bulk_forward_kernel is compiled for (its template argument P).
+constexpr bool bulk_parts_compiled(int parts) { return parts == 1 || parts == 2 || parts == 4; }
 constexpr int kBulkMaxThreads = (kBulkMaxConsumers + 3) * 32;  // consumers, producer, publisher, merger
 // The backward runs 8 consumer warps under a launch bound of its own: at 608 threads its kernels get 96 registers and
 // spill (36-168 bytes per instantiation); at 352 none do, and the time falls (docs/decisions/bulk.md).

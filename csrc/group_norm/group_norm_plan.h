@@ -596,9 +596,8 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   // The producer counts stages up only in the H200's forward: the H100 measured 5-8% slower that way, and the H200's
   // held backward 1.09x slower (docs/decisions/bulk.md).
   g.per_chunk = t.bulk_pace >= 0 ? t.bulk_pace == 1 : bwd || !fast;
-  g.parts = g.chunk / kBulkChunk;  // 4 KiB per consumer warp: 1, 2 or 4 parts (the kernels compiled)
-  if ((g.chunk != kBulkChunk && g.chunk != 2 * kBulkChunk && g.chunk != 4 * kBulkChunk) || g.consumers % g.parts != 0)
-    return std::nullopt;
+  g.parts = g.chunk / kBulkChunk;  // 4 KiB per consumer warp
+  if (g.chunk % kBulkChunk != 0 || !bulk_parts_compiled(g.parts) || g.consumers % g.parts != 0) return std::nullopt;
   const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * g.chunk;
   const int64_t cnt = ceil_div(ceil_div(L * esize, g.chunk), d.sms);  // chunks per slice, at most
   if (bwd && (cnt * (g.chunk / esize) > p.HxW || d.sms > kBulkMaxGridBwd)) return std::nullopt;
