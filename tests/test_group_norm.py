@@ -528,7 +528,8 @@ def _cuda_kernels(fn):
     ((2, 1280, 32, 32), 32, torch.float32, CL, 1, 2),
 ])
 def test_gpu_onepass_launches(shape, G, dtype, fmt, fwd_kernels, bwd_kernels, tuning):
-    tuning.set("GNEXT_BULK_BWD", "0")  # 4x32x512x512 fp32's 4 MiB groups take the bulk backward by the rule
+    tuning.set("GNEXT_BULK_BWD", "0")  # 4x32x512x512 fp32's 4 MiB groups take the bulk kernels by the rule
+    tuning.set("GNEXT_BULK", "0")
     x = rand_input(shape, dtype, "cuda", memory_format=fmt)
     w = torch.rand(shape[1], device="cuda", dtype=dtype) + 0.5
     dy = torch.randn_like(x)

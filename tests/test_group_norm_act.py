@@ -184,6 +184,32 @@ def test_bulk_forward(act, ahead, hold, chunk, tuning):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", ["identity", "silu", "tanh_hardswish"])
+@pytest.mark.parametrize("teams", ["2", "5", "40"])
+@pytest.mark.parametrize("chunk", ["4096", "16384"])
+def test_bulk_forward_teams(act, teams, chunk, tuning):
+    """The bulk forward in teams of CTAs (forced: GNEXT_BULK=2, GNEXT_BULK_TEAMS; sm_90+), each team on every
+    teams-th group: groups that do not divide among the teams (7, 9, 30 and 26 groups), fewer groups than teams
+    (teams without a group), teams of 3 CTAs (40 teams), chunks that straddle channels, a residual, G = C, no affine;
+    output and gradients against float64. Each forward plan is checked to be the bulk kernel in that many teams."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    tuning.set("GNEXT_BULK", "2")
+    tuning.set("GNEXT_BULK_TEAMS", teams)
+    tuning.set("GNEXT_BULK_CHUNK", chunk)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape, G, with_res, affine in (((7, 8, 40, 40), 1, True, True), ((3, 6, 48, 64), 3, False, True),
+                                           ((2, 30, 32, 32), 15, True, False), ((1, 26, 24, 48), 26, False, True)):
+            N, C, H, W = shape
+            text = _C._plan((N, C, G, H * W), torch.empty((), dtype=dtype).element_size(), False,
+                            groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
+            plan = text.split("forward: ")[1].split("backward: ")[0]
+            assert plan.startswith("bulk") and f"{teams} teams of {sms // int(teams)} CTAs" in plan, text
+            _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=23)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "tanh_hardswish"])
 @pytest.mark.parametrize("ahead,hold", [("0", None), ("2", None), ("1", "2"), ("2", "0")],
                          ids=["held-ahead0", "held-ahead2", "streamed-hold2", "streamed-hold0"])

@@ -36,10 +36,11 @@ def _plan(spec, device, act="identity"):
 
 
 @needs_planner
-def test_bandwidth_rule_differs_between_h100_and_h200():
-    """L2#19's GroupNorm, 1024 groups of 2.1 MB (too few chunks per SM for the bulk forward): the persistent
-    one-pass forward on the H100 (3352 GB/s), the streamed two-pass kernels on the H200 (4814 GB/s, >= 3.8 TB/s)
-    (docs/decisions/persistent-vs-streamed.md)."""
+def test_bandwidth_rule_differs_between_h100_and_h200(tuning):
+    """L2#19's GroupNorm, 1024 groups of 2.1 MB, with the bulk forward off (by the rule it takes the bulk forward in
+    teams on both): the persistent one-pass forward on the H100 (3352 GB/s), the streamed two-pass kernels on the
+    H200 (4814 GB/s, >= 3.8 TB/s) (docs/decisions/persistent-vs-streamed.md)."""
+    tuning.set("GNEXT_BULK", "0")
     assert _plan("128,64,258,258:8:float32", "h100")[0] == "one-pass"
     fwd, _, text = _plan("128,64,258,258:8:float32", "h200")
     assert fwd == "two-pass" and "3.8 TB/s" in text
@@ -55,12 +56,12 @@ def test_bulk_rule():
     """Slices of more than 8 chunks of 4 KiB per SM take the bulk forward on sm_90 devices below 3.8 TB/s (measured
     on the H100; docs/decisions/bulk.md): 8 MiB groups (16 chunks per SM on 132 SMs) with look-ahead 2; 12.6 MB
     groups (24 chunks) with look-ahead 1; 16 MiB groups (32 chunks, too many for the ring twice) streamed, 24 chunks
-    held and 8 read again from L2; 4 MiB groups (8 chunks) and 32 MiB groups (44 chunks of each to read again: over
-    a quarter of L2) keep their plans; not on sm_80 (no bulk copies), not for channels_last inputs. On the H200
-    (>= 3.8 TB/s): copies of 16 KiB (4 parts of 4 KiB), held slices of at least 64 KiB, at look-ahead 2; 16 MiB
-    groups (streamed) in 8 KiB copies, 10 of 16 chunks held; 4 MiB groups and 20-32 MiB groups (over a quarter of
-    L2 to read again) keep the two-pass or one-pass plans; the backward keeps 4 KiB chunks. The producer counts
-    stages up in the H200's forward only."""
+    held and 8 read again from L2; 32 MiB groups (44 chunks of each to read again: over a quarter of L2) keep their
+    plans (4 MiB groups take teams: test_bulk_teams_rule); not on sm_80 (no bulk copies), not for channels_last
+    inputs. On the H200 (>= 3.8 TB/s): copies of 16 KiB (4 parts of 4 KiB), held slices of at least 64 KiB, at
+    look-ahead 2; 16 MiB groups (streamed) in 8 KiB copies, 10 of 16 chunks held; 20-32 MiB groups (over a quarter
+    of L2 to read again) keep the two-pass plans; the backward keeps 4 KiB chunks. The producer counts stages up in
+    the H200's forward only."""
     fwd, _, text = _plan("1,128,1024,1024:32:float16", "h100")
     assert fwd == "bulk" and "look-ahead 2" in text.split("backward:")[0], text
     assert _plan("112,64,512,512:8:float32", "h100")[0] == "bulk"
@@ -68,7 +69,7 @@ def test_bulk_rule():
     assert fwd == "bulk" and "look-ahead 1" in text, text
     fwd, _, text = _plan("1,256,1024,1024:32:bfloat16", "h100")
     assert fwd == "bulk" and "streamed: 24 chunks" in text.split("backward:")[0], text
-    for spec in ("2,256,512,512:32:bfloat16", "1,128,2048,2048:32:bfloat16", "1,128,1024,1024:32:float16:cl"):
+    for spec in ("1,128,2048,2048:32:bfloat16", "1,128,1024,1024:32:float16:cl"):
         assert _plan(spec, "h100")[0] != "bulk", spec
     assert _plan("1,128,1024,1024:32:float16", "a100")[0] != "bulk"
     for spec in ("1,128,1024,1024:32:float16", "112,64,512,512:8:float32", "1,512,512,512:32:bfloat16"):
@@ -84,9 +85,37 @@ def test_bulk_rule():
         fwd, _, text = _plan(spec, "h200")
         fwd_text = text.split("backward:")[0]
         assert fwd == "bulk" and "of 8192 B (2 part(s)" in fwd_text and "streamed: 10 chunks" in fwd_text, text
-    for spec in ("2,256,512,512:32:bfloat16", "8,128,512,512:32:float32", "1,320,1024,1024:32:float16",
-                 "1,128,2048,2048:32:bfloat16"):
+    for spec in ("1,320,1024,1024:32:float16", "1,128,2048,2048:32:bfloat16"):
         assert _plan(spec, "h200")[0] != "bulk", spec
+
+
+@needs_planner
+def test_bulk_teams_rule(tuning):
+    """The bulk forward in teams (docs/decisions/bulk.md): where one team of every CTA gives slices too short, the
+    most teams (>= 4 CTAs and >= 2 groups each) whose slices the ring holds at look-ahead 2, in 4 KiB copies on both
+    GPUs. L2#19's GroupNorm (520 chunks per group): 4 teams of 33, 16 chunks per slice; 8x512x4096 fp32 (64
+    chunks): 33 teams of 4; 4 MiB groups, 64 of them: 2 teams of 66. 16 groups of 512 KiB (8 teams of 16 CTAs, 8
+    chunks per slice: too short) keep one-pass; groups that one team streams keep one team (8 MiB groups; 16 KiB
+    copies on the H200); the backward never takes teams. GNEXT_BULK_TEAMS=1: one team, so L2#19 keeps one-pass on
+    the H100."""
+    def teams(text):
+        fwd = text.split("backward:")[0]
+        return [line.strip().split(":")[0] for line in fwd.splitlines() if " teams of " in line and "why" not in line]
+
+    for device in ("h100", "h200"):
+        for spec, want in (("128,64,258,258:8:float32", "4 teams of 33 CTAs"), ("8,512,4096:32:float32",
+                                                                                "33 teams of 4 CTAs"),
+                           ("2,256,512,512:32:bfloat16", "2 teams of 66 CTAs")):
+            fwd, bwd, text = _plan(spec, device)
+            fwd_text = text.split("backward:")[0]
+            assert fwd == "bulk" and teams(text) == [want], (device, spec, text)
+            assert "of 4096 B (1 part(s)" in fwd_text and "look-ahead 2" in fwd_text, (device, spec, text)
+            assert " teams of " not in text.split("backward:")[1], text
+        assert _plan("16,128,32,32:1:float32", device)[0] == "one-pass"
+        fwd, _, text = _plan("1,128,1024,1024:32:float16", device)
+        assert fwd == "bulk" and teams(text) == [], text
+    tuning.set("GNEXT_BULK_TEAMS", "1")
+    assert _plan("128,64,258,258:8:float32", "h100")[0] == "one-pass"
 
 
 @needs_planner
@@ -141,7 +170,7 @@ def test_plan_choice(spec, fwd, bwd):
 
 
 @needs_planner
-def test_two_pass_forward_fills_whole_waves():
+def test_two_pass_forward_fills_whole_waves(tuning):
     """NCHW rows split for the two-pass kernels (docs/decisions/two-pass-split.md): the forward takes 4 chunks per
     row of a 128-row map (512 CTAs, one wave of 4 x 132) where 5 would start a second wave of 112; the backward keeps
     at least its target (9 chunks of 1056); 512 rows keep 2 chunks (two full waves)."""
@@ -151,6 +180,7 @@ def test_two_pass_forward_fills_whole_waves():
 
     _, _, text = _plan("1,128,2048,2048:32:bfloat16", "h200")
     assert (chunks(text, "forward"), chunks(text, "backward")) == (4, 9)
+    tuning.set("GNEXT_BULK", "0")  # by the rule its 2 MiB groups take the bulk forward in teams
     _, _, text = _plan("2,256,256,256:32:float32", "h200")
     assert chunks(text, "forward") == 2
 

@@ -20,7 +20,7 @@ bool bulk_stream_fits(const Problem& p, const BulkGeometry& g, int64_t esize) {
   const int64_t left = g.stages - int64_t{g.ahead + 1} * g.hold;
   if (g.hold < 0 || left < 1) return false;
   if (esize == 0) return true;
-  const int64_t cnt_max = ((p.D * p.HxW * esize + g.chunk - 1) / g.chunk + g.grid - 1) / g.grid;
+  const int64_t cnt_max = ((p.D * p.HxW * esize + g.chunk - 1) / g.chunk + g.team - 1) / g.team;
   return left >= std::min<int64_t>(g.consumers / g.parts, cnt_max - g.hold);
 }
 template <typename T, int A>
@@ -33,7 +33,7 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
       g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 1 ||
       g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, false) > kBulkHeader ||
       !bulk_stream_fits(p, g, 0) || !bulk_parts_compiled(g.parts) || g.chunk % (16 * g.parts) != 0 ||
-      g.consumers % g.parts != 0)
+      g.consumers % g.parts != 0 || g.team < 1 || g.grid % g.team != 0)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     using T = decltype(tt);
@@ -61,7 +61,8 @@ cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeome
   if (pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || a.out == nullptr || g.consumers < 1 ||
       g.consumers > kBulkMaxConsumersBwd || g.stages > kBulkMaxStages || g.chunk % 16 != 0 || g.ahead < 0 ||
       g.ahead > kBulkSlots - 2 || bulk_header_bytes(g.stages, g.consumers, true) > kBulkHeader ||
-      g.grid > static_cast<unsigned>(kBulkMaxGridBwd) || !bulk_stream_fits(p, g, 0) || g.parts != 1)
+      g.grid > static_cast<unsigned>(kBulkMaxGridBwd) || !bulk_stream_fits(p, g, 0) || g.parts != 1 ||
+      g.team != g.grid)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
     using T = decltype(tt);

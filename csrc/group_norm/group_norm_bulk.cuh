@@ -4,9 +4,11 @@
 // bulk_geometry (group_norm_plan.h); launch: group_norm_bulk.cu. The forward is described here, the backward
 // (same warps and handshakes, x and dy in each stage) above bulk_backward_kernel.
 //
-// One persistent CTA per SM. Group u (L = D*HxW elements) is cut into chunks of `chunk` bytes; CTA b owns chunks
-// [b*nc/grid, (b+1)*nc/grid) of every group (its slice, `cnt` chunks), and its shared memory is a ring of
-// `stages` chunk buffers. Warps:
+// One persistent CTA per SM, in teams of g.team CTAs (the forward; one team of every CTA in the backward): team t
+// takes groups t, t + teams, ... Group u (L = D*HxW elements) is cut into chunks of `chunk` bytes; CTA b of its team
+// owns chunks [b*nc/team, (b+1)*nc/team) of each of the team's groups (its slice, `cnt` chunks), and its shared
+// memory is a ring of `stages` chunk buffers. Below, "group 0, 1, ..." counts the team's groups and "the grid" is
+// the team. Warps:
 //   * producer (one lane): copies the CTA's chunks of group 0, 1, ... into the ring in order, each into the next
 //     stage once that stage is released; nothing else, so the copies of later groups are in flight while the
 //     other warps wait or compute: the bytes in flight per SM are the free stages, not registers.
@@ -161,10 +163,12 @@ __device__ __forceinline__ void bulk_init_barriers(uint64_t* full, uint64_t* emp
 // N tensors src[t], group after group, into the stage ring_of gives it (tensor t at t * chunk in the stage), each
 // stage once it is released. Streamed chunks are copied with an evict-last hint (read again from L2), the others
 // evict-first (read once).
+// The CTA's team takes groups u0, u0 + ustride, ... (`units` of them; one team: 0, 1, ...).
 template <typename T, int N>
 __device__ __forceinline__ void bulk_produce(const T* const (&src)[N], unsigned char* ring, uint64_t* full,
                                              uint64_t* empty, const BulkStages& ring_of, int chunk, int64_t units,
-                                             int64_t L, int64_t lo, int64_t cnt, bool per_chunk) {
+                                             int64_t L, int64_t lo, int64_t cnt, bool per_chunk, int64_t u0 = 0,
+                                             int64_t ustride = 1) {
   const uint64_t pol = l2_policy_evict_first(), keep = l2_policy_evict_last();
   const int64_t bytes_u = L * static_cast<int64_t>(sizeof(T)), stage_bytes = int64_t{N} * chunk;
   // Held ring: stage and fill counted up (per_chunk: computed for each chunk before its wait, as the streamed ring
@@ -181,7 +185,8 @@ __device__ __forceinline__ void bulk_produce(const T* const (&src)[N], unsigned 
         mbar_expect_tx(&full[st], N * bytes);
 #pragma unroll
         for (int t = 0; t < N; ++t)
-          bulk_copy_tx(dst + t * chunk, reinterpret_cast<const char*>(src[t]) + u * bytes_u + off, bytes, &full[st], pol);
+          bulk_copy_tx(dst + t * chunk, reinterpret_cast<const char*>(src[t]) + (u0 + u * ustride) * bytes_u + off,
+                       bytes, &full[st], pol);
         if (++st == ring_of.stages) st = 0, ++use;
       }
     return;
@@ -197,7 +202,8 @@ __device__ __forceinline__ void bulk_produce(const T* const (&src)[N], unsigned 
       mbar_expect_tx(&full[su.st], N * bytes);
 #pragma unroll
       for (int t = 0; t < N; ++t)
-        bulk_copy_tx(dst + t * chunk, reinterpret_cast<const char*>(src[t]) + u * bytes_u + off, bytes, &full[su.st], p);
+        bulk_copy_tx(dst + t * chunk, reinterpret_cast<const char*>(src[t]) + (u0 + u * ustride) * bytes_u + off,
+                     bytes, &full[su.st], p);
     }
 }
 
@@ -218,12 +224,16 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   auto* wstate = reinterpret_cast<WelfordState*>(ready + kBulkSlots);  // [kBulkSlots][W]
   auto* stat = reinterpret_cast<float2*>(wstate + kBulkSlots * W);     // [kBulkSlots]
   unsigned char* ring = smem + kBulkHeader;
-  const unsigned nb = gridDim.x;
-  const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Teams of nb CTAs: team tm takes groups tm, tm + teams, ...; its k-th is unit k of the ring and slots.
+  const unsigned nb = g.team, teams = gridDim.x / nb;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tm = static_cast<int>(blockIdx.x / nb), b = static_cast<int>(blockIdx.x % nb);
+  const int64_t mine = units > tm ? (units - tm + teams - 1) / teams : 0;  // the team's groups
   const int64_t nc = (L * static_cast<int64_t>(sizeof(T)) + g.chunk - 1) / g.chunk;  // chunks per group
   const int64_t lo = b * nc / nb, cnt = (b + 1) * nc / nb - lo;
   const int64_t E = g.chunk / static_cast<int>(sizeof(T));  // elements per chunk
   const int items = static_cast<int>(cnt) * P;               // a consumer warp per part of 4 KiB
+  auto group = [&](int64_t k) { return tm + k * teams; };
   const int64_t Ep = E / P;                                    // elements per part
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -232,13 +242,14 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
 
   if (warp == W) {  // producer
     const T* const src[1] = {x};
-    if (lane == 0) bulk_produce(src, ring, full, empty, ring_of, g.chunk, units, L, lo, cnt, g.per_chunk);
+    if (lane == 0) bulk_produce(src, ring, full, empty, ring_of, g.chunk, mine, L, lo, cnt, g.per_chunk, tm, teams);
     return;
   }
   if (warp == W + 1) {  // publisher
-    for (int64_t u = 0; u < units; ++u) {
-      const int slot = static_cast<int>(u % kBulkSlots);
-      mbar_wait(&posted[slot], static_cast<uint32_t>((u / kBulkSlots) & 1));
+    for (int64_t k = 0; k < mine; ++k) {
+      const int64_t u = group(k);
+      const int slot = static_cast<int>(k % kBulkSlots);
+      mbar_wait(&posted[slot], static_cast<uint32_t>((k / kBulkSlots) & 1));
       WelfordState s = lane < W ? wstate[slot * W + lane] : WelfordOp::identity();
       s = warp_reduce<WelfordOp>(s);
       if (lane == 0) {
@@ -250,13 +261,14 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     return;
   }
   if (warp == W + 2) {  // merger
-    for (int64_t u = 0; u < units; ++u) {
+    for (int64_t k = 0; k < mine; ++k) {
+      const int64_t u = group(k);
       if (lane == 0) wait_count(a.counters + u, nb);
       __syncwarp();
       const WelfordState m = warp_merge_partials(partial + u * nb, nb, lane);
       if (lane == 0) {
         const float rstd = rsqrtf(fmaxf(m.m2 / m.n, 0.f) + a.eps);
-        const int slot = static_cast<int>(u % kBulkSlots);
+        const int slot = static_cast<int>(k % kBulkSlots);
         stat[slot] = make_float2(m.mean, rstd);
         if (b == 0) a.mean[u] = m.mean, a.rstd[u] = rstd;
         depart(a.counters + u, nb);
@@ -271,11 +283,11 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const T* __restrict__ res = static_cast<const T*>(a.pw.residual);
   T* __restrict__ out = static_cast<T*>(a.out);
   const uint64_t drop = l2_policy_evict_first();
-  auto statistics = [&](int64_t u) {
+  auto statistics = [&](int64_t k) {
     WelfordState s = WelfordOp::identity();
     for (int j = warp; j < items; j += W) {
       const int i = j / P, h = j % P;
-      const StageUse su = ring_of.use(u, i);
+      const StageUse su = ring_of.use(k, i);
       const int st = su.st;
       mbar_wait(&full[st], static_cast<uint32_t>(su.use & 1));
       const int n = static_cast<int>(max(int64_t{0}, min(Ep, L - (lo + i) * E - h * Ep))) / V;
@@ -291,20 +303,21 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       if (ring_of.streamed(i)) release_stage(&empty[st], lane);  // read again from L2 by the normalize
     }
     s = warp_reduce<WelfordOp>(s);
-    const int slot = static_cast<int>(u % kBulkSlots);
+    const int slot = static_cast<int>(k % kBulkSlots);
     if (lane == 0) {
       wstate[slot * W + warp] = s;
       mbar_arrive(&posted[slot]);
     }
   };
-  auto normalize = [&](int64_t u) {
-    const int slot = static_cast<int>(u % kBulkSlots);
-    mbar_wait(&ready[slot], static_cast<uint32_t>((u / kBulkSlots) & 1));
+  auto normalize = [&](int64_t k) {
+    const int slot = static_cast<int>(k % kBulkSlots);
+    mbar_wait(&ready[slot], static_cast<uint32_t>((k / kBulkSlots) & 1));
     const float2 ms = stat[slot];
+    const int64_t u = group(k);
     const int c0 = static_cast<int>(u % G) * D;
     for (int j = warp; j < items; j += W) {
       const int i = j / P, h = j % P;
-      const int st = ring_of.use(u, i).st;
+      const int st = ring_of.use(k, i).st;
       const bool again = ring_of.streamed(i);  // x from L2, not from the ring
       const int64_t e0 = (lo + i) * E + h * Ep;  // element offset in the group
       const int n = static_cast<int>(max(int64_t{0}, min(Ep, L - e0))) / V;
@@ -319,6 +332,9 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       // A chunk lies in one channel unless it straddles a channel boundary: gamma/beta per chunk or per vector.
       const int ca = static_cast<int>(hw.div(static_cast<uint32_t>(e0)));
       const bool one = static_cast<int64_t>(ca + 1) * static_cast<int64_t>(hw.divisor) >= e0 + n * V;
+      // A lane's vectors lie 32 apart: where the chunk straddles, each lane reloads gamma/beta only where its
+      // channel changes (a load per vector stalled the warp, and with it the whole team, on every straddling chunk).
+      int cur = ca;
       float scale = ms.y * load_param(a.gamma, a.wt, c0 + ca, 1.f), shift = load_param(a.beta, a.wt, c0 + ca, 0.f);
       for (int v0 = lane; v0 < n; v0 += 4 * 32) {
         uint4 r[4], rr[4];  // x from shared memory, the residual from global memory: all loads first
@@ -333,8 +349,9 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
           const int v = v0 + 32 * j;
           if (v >= n) break;
           if (!one) {
-            const int c = c0 + static_cast<int>(hw.div(static_cast<uint32_t>(e0 + v * V)));
-            scale = ms.y * load_param(a.gamma, a.wt, c, 1.f), shift = load_param(a.beta, a.wt, c, 0.f);
+            const int c = static_cast<int>(hw.div(static_cast<uint32_t>(e0 + v * V)));
+            if (c != cur)
+              cur = c, scale = ms.y * load_param(a.gamma, a.wt, c0 + c, 1.f), shift = load_param(a.beta, a.wt, c0 + c, 0.f);
           }
           Vec q, o;
           q.raw = r[j];
@@ -355,7 +372,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       if (!again) release_stage(&empty[st], lane);
     }
   };
-  bulk_pipeline(units, g.ahead, statistics, normalize);
+  bulk_pipeline(mine, g.ahead, statistics, normalize);
 #endif
 }
 

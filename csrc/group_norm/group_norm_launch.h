@@ -191,6 +191,8 @@ struct BulkGeometry {
   int hold;       // with stream: chunks per slice kept; stages - (ahead + 1) * hold >= 1 stream the rest
   bool per_chunk;  // the producer computes each chunk's stage before its wait instead of counting them up
   int parts;      // forward: consumer warps per chunk, 1, 2 or 4 (4 KiB each; divides consumers); backward: 1
+  unsigned team;  // CTAs per team (divides grid): team t of the forward takes groups t, t + grid / team, ...;
+                  // backward: grid (one team)
 };
 cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream);

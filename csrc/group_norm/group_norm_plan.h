@@ -544,8 +544,8 @@ inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, const Re
 // of ahead + 1 groups plus 16 KiB (at least a chunk) being copied; ahead = the largest of 4 (kBulkSlots - 2) .. 1 that
 // fits (the statistics of a group are complete `ahead` groups before they are needed). The bytes in flight per SM
 // are the free stages, not registers: it streams where the one-pass kernels do not (docs/decisions/bulk.md). It
-// runs for slices of more than 8 chunks: below that the grid-wide chain per group (~3 µs, one group after another)
-// costs more than the group's DRAM time (H100: 2 MiB groups, 4 chunks, 1.7x slower than one-pass; 4 MiB groups,
+// runs for slices of more than 8 chunks: below that the grid-wide chain per group (~3 µs, one group after another,
+// with one team of every CTA; teams, below, lengthen the slices) costs more than the group's DRAM time (H100: 2 MiB groups, 4 chunks, 1.7x slower than one-pass; 4 MiB groups,
 // 8 chunks, -10% to +2%; 8 MiB groups, 16 chunks, 13-27% faster).
 // Example: 1x128x1024x1024 fp16, H100 (132 SMs, 232448 B per block): 8 MiB groups = 2048 chunks of 4 KiB, 16 per
 // CTA; (232448 - 2560) / 4096 -> 56 stages; 5 x 16 + 4 and 4 x 16 + 4 exceed 56, 3 x 16 + 4 does not: ahead 2.
@@ -572,6 +572,25 @@ constexpr int kBulkAheadFast = 2;
 // 6 read again (12.4 MiB): streamed in 8 KiB copies.
 constexpr int kBulkChunkStreamFast = 8192;
 
+// Teams (forward): the grid is cut into teams of CTAs, team t taking groups t, t + teams, ...: each team's
+// grid-wide chain per group overlaps the others', and each CTA's slice is longer than with one team. The most teams
+// (of >= kBulkMinTeam CTAs, with >= 2 groups each: a team of one group overlaps nothing) whose slices the ring
+// still holds kBulkTeamAhead + 1 times: the H100 measured slices of 8-16 chunks at look-ahead 2-3 fastest, longer
+// ones at look-ahead 1 or streamed slower, smaller teams slower (docs/decisions/bulk.md). team = sms / teams
+// (grid >= sms - teams + 1).
+// Example: L2#19's GroupNorm, 128x64x258x258 fp32 G = 8, 1024 groups of 2.1 MB = 520 chunks of 4 KiB, H100
+// (56 stages: (56 - 4) / 3 = 17 chunks at look-ahead 2): teams of >= 31 CTAs -> 4 teams of 33, 16 chunks per slice
+// (one team: 4 chunks, too short for the bulk forward). 8x512x4096 fp32, 256 KiB groups (64 chunks): 33 teams of 4.
+// The H200 takes the same plans (4 KiB copies, below).
+constexpr int kBulkMinTeam = 4;
+constexpr int kBulkTeamAhead = 2;
+inline int bulk_teams(int64_t group_chunks, int64_t groups, int64_t cap, int sms, int knob) {
+  if (knob >= 1) return std::min(knob, sms);
+  const int64_t team = std::max<int64_t>(kBulkMinTeam, ceil_div(group_chunks, std::max<int64_t>(cap, 1)));
+  if (2 * team > sms) return 1;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sms / team, groups / 2)));
+}
+
 // Where the ring holds (ahead + 1) slices (ahead >= 1), every chunk stays in shared memory until its group is
 // normalized. Where it does not (streamed), the look-ahead is 1: `hold` chunks of each slice stay in a region of
 // 2 * hold stages, and the rest pass through the other stages (at least kBulkStreamStages, and one per warp that
@@ -589,9 +608,16 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
       vector_width(esize, p.HxW, r.aligned) == 1 || L >= (int64_t{1} << 31))
     return std::nullopt;
   BulkGeometry g{};
-  g.grid = static_cast<unsigned>(d.sms);
   g.consumers = std::clamp(t.bulk_consumers, 1, bwd ? kBulkMaxConsumersBwd : kBulkMaxConsumers);
   const bool fast = !persistent_kernels_pay(d.peak_gbs);
+  // Teams copy 4 KiB chunks on every device: on the H200 they measured as fast as 16 KiB copies or faster, and the
+  // ring holds 17 chunks of a slice at look-ahead 2 instead of 4 (docs/decisions/bulk.md). Larger copies stay with
+  // one team.
+  if (!bwd && fast && t.bulk_chunk <= 0) {
+    Tuning four = t;
+    four.bulk_chunk = kBulkChunk;
+    if (const auto g4 = bulk_geometry(p, r, false, d, four); g4 && g4->team != g4->grid) return g4;
+  }
   g.chunk = bwd ? kBulkChunk : t.bulk_chunk > 0 ? t.bulk_chunk : fast ? kBulkChunkFast : kBulkChunk;
   // The producer counts stages up only in the H200's forward: the H100 measured 5-8% slower that way, and the H200's
   // held backward 1.09x slower (docs/decisions/bulk.md).
@@ -599,10 +625,17 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   g.parts = g.chunk / kBulkChunk;  // 4 KiB per consumer warp
   if (g.chunk % kBulkChunk != 0 || !bulk_parts_compiled(g.parts) || g.consumers % g.parts != 0) return std::nullopt;
   const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * g.chunk;
-  const int64_t cnt = ceil_div(ceil_div(L * esize, g.chunk), d.sms);  // chunks per slice, at most
-  if (bwd && (cnt * (g.chunk / esize) > p.HxW || d.sms > kBulkMaxGridBwd)) return std::nullopt;
   g.stages = static_cast<int>(std::min<int64_t>(
       kBulkMaxStages, (d.smem_per_block - static_cast<int64_t>(kBulkHeader)) / stage_bytes));
+  const int spare = std::max(1, kBulkSpareStages * kBulkChunk / g.chunk);
+  const int64_t group_chunks = ceil_div(L * esize, g.chunk);
+  const int teams = bwd || (fast && g.chunk != kBulkChunk && t.bulk_teams < 1)
+                        ? 1
+                        : bulk_teams(group_chunks, p.N * p.G, (g.stages - spare) / (kBulkTeamAhead + 1), d.sms,
+                                     t.bulk_teams);
+  g.team = static_cast<unsigned>(d.sms / teams), g.grid = g.team * static_cast<unsigned>(teams);
+  const int64_t cnt = ceil_div(group_chunks, int64_t{g.team});  // chunks per slice, at most
+  if (bwd && (cnt * (g.chunk / esize) > p.HxW || d.sms > kBulkMaxGridBwd)) return std::nullopt;
   if (bulk_header_bytes(g.stages, g.consumers, bwd) > kBulkHeader) return std::nullopt;
   const int lowest = bwd ? 0 : 1;
   const int want = t.bulk_ahead >= 0 ? std::clamp(t.bulk_ahead, lowest, kBulkSlots - 2)
@@ -610,7 +643,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
                                      : kBulkSlots - 2;
   g.ahead = -1;
   for (int ahead = want; ahead >= lowest && g.ahead < 0; --ahead)
-    if ((ahead + 1) * cnt + std::max(1, kBulkSpareStages * kBulkChunk / g.chunk) <= g.stages &&
+    if ((ahead + 1) * cnt + spare <= g.stages &&
         (ahead >= 1 || t.bulk_ahead == 0))
       g.ahead = ahead;
   if (g.ahead < 0 || t.bulk_hold >= 0) {  // streamed
@@ -636,7 +669,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
     return bulk_geometry(p, r, bwd, d, half);
   }
   if (fast && (bwd ? r.act != kActIdentity && r.act != kActRelu && (r.act != kActSilu || esize < 4)
-                   : (g.stream && g.chunk != kBulkChunkStreamFast) || cnt * g.parts < kBulkMinChunksFast))
+                   : teams == 1 && ((g.stream && g.chunk != kBulkChunkStreamFast) || cnt * g.parts < kBulkMinChunksFast)))
     return std::nullopt;
   // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2; beyond it they miss
   // L2 and go back to DRAM (docs/decisions/bulk.md).
@@ -675,7 +708,11 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
   if (!plan.nhwc)
     if (const auto g = bulk_geometry(p, r, false, d, t)) {
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
-      plan.why = persistent_kernels_pay(d.peak_gbs)
+      plan.why = g->team != g->grid
+                     ? "bulk in teams: one team of every CTA would cut the groups into slices too short, so teams of "
+                       "CTAs each take every teams-th group, slices of <= 17 chunks of 4 KiB copied once into shared "
+                       "memory by bulk asynchronous copies"
+                 : persistent_kernels_pay(d.peak_gbs)
                      ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
                  : g->stream
                      ? "bulk: slices streamed through shared memory, the part not held read again from L2 (>= 3.8 "

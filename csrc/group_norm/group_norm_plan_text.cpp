@@ -60,6 +60,8 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
                "producer %s\n",
                g.grid, (g.consumers + 3) * 32, g.consumers, g.smem, g.stages, bwd ? "stages, x and dy chunks" : "chunks",
                g.chunk, g.parts, g.ahead, g.per_chunk || g.stream ? "per chunk" : "counts stages up");
+      if (g.team != g.grid)
+        s += fmt("  %u teams of %u CTAs: team t takes groups t, t + %u, ...\n", g.grid / g.team, g.team, g.grid / g.team);
       if (g.stream)
         s += fmt("  streamed: %d chunks of each slice held in shared memory, the rest read again from L2\n",
                  g.hold);
