@@ -710,8 +710,8 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
       plan.why = g->team != g->grid
                      ? "bulk in teams: one team of every CTA would cut the groups into slices too short, so teams of "
-                       "CTAs each take every teams-th group, slices of <= 17 chunks of 4 KiB copied once into shared "
-                       "memory by bulk asynchronous copies"
+                       "CTAs each take every teams-th group, slices of 4 KiB chunks that the ring holds at look-ahead "
+                       "2, copied once into shared memory by bulk asynchronous copies"
                  : persistent_kernels_pay(d.peak_gbs)
                      ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
                  : g->stream
