@@ -190,7 +190,8 @@ def test_bulk_forward(act, ahead, hold, chunk, tuning):
 def test_bulk_forward_teams(act, teams, chunk, tuning):
     """The bulk forward in teams of CTAs (forced: GNEXT_BULK=2, GNEXT_BULK_TEAMS; sm_90+), each team on every
     teams-th group: groups that do not divide among the teams (7, 9, 30 and 26 groups), fewer groups than teams
-    (teams without a group), teams of 3 CTAs (40 teams), chunks that straddle channels, a residual, G = C, no affine;
+    (teams without a group), teams of 3 CTAs (40 teams), chunks that straddle channels (HxW = 56: a lane's every
+    vector in another channel), a residual, G = C, no affine;
     output and gradients against float64. Each forward plan is checked to be the bulk kernel in that many teams."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("bulk asynchronous copies need sm_90")
@@ -200,7 +201,8 @@ def test_bulk_forward_teams(act, teams, chunk, tuning):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.float32, torch.bfloat16):
         for shape, G, with_res, affine in (((7, 8, 40, 40), 1, True, True), ((3, 6, 48, 64), 3, False, True),
-                                           ((2, 30, 32, 32), 15, True, False), ((1, 26, 24, 48), 26, False, True)):
+                                           ((2, 30, 32, 32), 15, True, False), ((1, 26, 24, 48), 26, False, True),
+                                           ((4, 16, 8, 7), 2, True, True)):
             N, C, H, W = shape
             text = _C._plan((N, C, G, H * W), torch.empty((), dtype=dtype).element_size(), False,
                             groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
