@@ -329,11 +329,11 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       const T* xg = x + u * L + e0;
       T* ou = out + u * L + e0;
       const T* ru = res != nullptr ? res + u * L + e0 : nullptr;
-      // A chunk lies in one channel unless it straddles a channel boundary: gamma/beta per chunk or per vector.
+      // A chunk lies in one channel unless it straddles a channel boundary: gamma/beta once per chunk, or, where it
+      // straddles, reloaded by each lane where its channel changes (its vectors lie 32 apart; a load per vector
+      // stalled the warp, and with it the whole team, on every straddling chunk).
       const int ca = static_cast<int>(hw.div(static_cast<uint32_t>(e0)));
       const bool one = static_cast<int64_t>(ca + 1) * static_cast<int64_t>(hw.divisor) >= e0 + n * V;
-      // A lane's vectors lie 32 apart: where the chunk straddles, each lane reloads gamma/beta only where its
-      // channel changes (a load per vector stalled the warp, and with it the whole team, on every straddling chunk).
       int cur = ca;
       float scale = ms.y * load_param(a.gamma, a.wt, c0 + ca, 1.f), shift = load_param(a.beta, a.wt, c0 + ca, 0.f);
       for (int v0 = lane; v0 < n; v0 += 4 * 32) {
@@ -350,8 +350,10 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
           if (v >= n) break;
           if (!one) {
             const int c = static_cast<int>(hw.div(static_cast<uint32_t>(e0 + v * V)));
-            if (c != cur)
-              cur = c, scale = ms.y * load_param(a.gamma, a.wt, c0 + c, 1.f), shift = load_param(a.beta, a.wt, c0 + c, 0.f);
+            if (c != cur) {
+              cur = c;
+              scale = ms.y * load_param(a.gamma, a.wt, c0 + c, 1.f), shift = load_param(a.beta, a.wt, c0 + c, 0.f);
+            }
           }
           Vec q, o;
           q.raw = r[j];

@@ -545,8 +545,9 @@ inline std::optional<WideGeometry> wide_nhwc_geometry(const Problem& p, const Re
 // fits (the statistics of a group are complete `ahead` groups before they are needed). The bytes in flight per SM
 // are the free stages, not registers: it streams where the one-pass kernels do not (docs/decisions/bulk.md). It
 // runs for slices of more than 8 chunks: below that the grid-wide chain per group (~3 µs, one group after another,
-// with one team of every CTA; teams, below, lengthen the slices) costs more than the group's DRAM time (H100: 2 MiB groups, 4 chunks, 1.7x slower than one-pass; 4 MiB groups,
-// 8 chunks, -10% to +2%; 8 MiB groups, 16 chunks, 13-27% faster).
+// with one team of every CTA; teams, below, lengthen the slices) costs more than the group's DRAM time (H100: 2 MiB
+// groups, 4 chunks, 1.7x slower than one-pass; 4 MiB groups, 8 chunks, -10% to +2%; 8 MiB groups, 16 chunks,
+// 13-27% faster).
 // Example: 1x128x1024x1024 fp16, H100 (132 SMs, 232448 B per block): 8 MiB groups = 2048 chunks of 4 KiB, 16 per
 // CTA; (232448 - 2560) / 4096 -> 56 stages; 5 x 16 + 4 and 4 x 16 + 4 exceed 56, 3 x 16 + 4 does not: ahead 2.
 constexpr int kBulkChunk = 4096;
@@ -669,7 +670,8 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
     return bulk_geometry(p, r, bwd, d, half);
   }
   if (fast && (bwd ? r.act != kActIdentity && r.act != kActRelu && (r.act != kActSilu || esize < 4)
-                   : teams == 1 && ((g.stream && g.chunk != kBulkChunkStreamFast) || cnt * g.parts < kBulkMinChunksFast)))
+                   : teams == 1 &&
+                         ((g.stream && g.chunk != kBulkChunkStreamFast) || cnt * g.parts < kBulkMinChunksFast)))
     return std::nullopt;
   // Streamed: the parts read again, of the ahead + 1 groups in flight, within a quarter of L2; beyond it they miss
   // L2 and go back to DRAM (docs/decisions/bulk.md).
