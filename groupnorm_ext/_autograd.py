@@ -158,9 +158,10 @@ _lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module
 eager: dict[str, Callable[..., Any]] = {}  # op name -> the functional API's eager entry (_eager)
 
 
-def register(op_name, save, grads) -> None:
-    """Autograd for gnext::<op_name> from its save/grads pair (ops/<op>.py), its backward op marked not
-    differentiable, and the functional API's eager entry."""
+def register(op_name, save, grads, backward_op: bool = True) -> None:
+    """Autograd for gnext::<op_name> from its save/grads pair (ops/<op>.py), its backward op (gnext::<op_name>_backward,
+    where backward_op) marked not differentiable, and the functional API's eager entry."""
     _register(op_name, save, grads)
-    register_not_differentiable(f"{op_name}_backward")
+    if backward_op:
+        register_not_differentiable(f"{op_name}_backward")
     eager[op_name] = _eager(op_name, save, grads)

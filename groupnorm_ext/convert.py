@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .functional import group_norm_act_pad
 from .modules import ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct
 
 _log = logging.getLogger("groupnorm_ext")
@@ -32,7 +33,7 @@ def convert_group_norm(module: nn.Module, *, return_counts: bool = False):
     Args:
         module: any ``nn.Module``.
         return_counts: also return the counts ``{"group_norm": n, "group_norm_act": 0,
-            "resnet_block2d": 0, "skipped": n}`` (the keys of :func:`convert_group_norm_act`).
+            "resnet_block2d": 0, "pad_into_conv": 0, "skipped": n}`` (the keys of :func:`convert_group_norm_act`).
 
     Returns:
         The converted module (``module`` itself unless it is a GroupNorm), or ``(module, counts)``.
@@ -117,7 +118,7 @@ def _from_group_norm(cls, m, *extra, **kwargs) -> nn.GroupNorm:
 
 
 def _new_counts() -> dict:
-    return {"group_norm": 0, "group_norm_act": 0, "resnet_block2d": 0, "skipped": 0}
+    return {"group_norm": 0, "group_norm_act": 0, "resnet_block2d": 0, "pad_into_conv": 0, "skipped": 0}
 
 
 def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False) -> nn.Module:
@@ -158,7 +159,7 @@ def _report(what: str, module: nn.Module, counts: dict) -> None:
 
 
 def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_counts: bool = False,
-                           example_inputs: tuple | None = None):
+                           example_inputs: tuple | None = None, pad_into_conv: bool = True):
     """Like :func:`convert_group_norm`, and also fuses each GroupNorm with the activation after it into
     :class:`GroupNormAct` (``act(group_norm(x))`` in one kernel), sharing the parameters:
 
@@ -172,7 +173,12 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
       causal 3-D blocks, a shared ``nonlinearity`` module). The norm becomes a :class:`GroupNormAct` and the
       activation a gate that passes that norm's output through unchanged and applies the activation to any
       other input (a time embedding). The pairing is what that forward did: a forward whose control flow
-      depends on the input may need another example;
+      depends on the input may need another example. Where the activated output went (through an identity
+      dropout) only into ``F.pad`` (replicate or constant) inside a module that passed the padded tensor to one
+      child and returned that child's output (a causal convolution: ``self.conv(F.pad(x, pad, mode=...))``), the
+      norm writes the padded tensor itself (:func:`group_norm_act_pad`) and that module's forward hands it to the
+      child without padding: one pass less over the tensor, and no unpadded copy in memory
+      (``pad_into_conv``; counted as ``pad_into_conv``). Other inputs of that module run its own forward;
     * with ``blocks=True``, diffusers' ``ResnetBlock2D``: ``norm1 -> nonlinearity`` and (unless
       ``time_embedding_norm="scale_shift"``) ``norm2 -> nonlinearity`` are called from its
       ``forward``, so the block gets a forward that calls the fused norms (:func:`_fuse_blocks`); the
@@ -182,10 +188,12 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
         module: any ``nn.Module``.
         blocks: fuse the pairs inside diffusers ``ResnetBlock2D`` blocks.
         return_counts: also return ``{"group_norm": n, "group_norm_act": n, "resnet_block2d": n,
-            "skipped": n}``.
+            "pad_into_conv": n, "skipped": n}`` (``pad_into_conv``: fused norms that write padded outputs).
         example_inputs: arguments of one forward of ``module`` (run under ``torch.no_grad``) to find the
             GroupNorm -> activation pairs by what the forward does (module calls and the ops that consume each
             GroupNorm output).
+        pad_into_conv: with ``example_inputs``, write padded outputs where the activation's output is only
+            padded for one child module (above); False keeps every fused norm's output unpadded.
 
     Returns:
         The converted module, or ``(module, counts)``. GroupNorms without an activation after them
@@ -193,7 +201,7 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
     """
     counts = _new_counts()
     if example_inputs is not None:
-        _fuse_traced_pairs(module, tuple(example_inputs), counts)
+        _fuse_traced_pairs(module, tuple(example_inputs), counts, pad_into_conv)
     module = _convert(module, counts, act=True, blocks=blocks)
     _report("convert_group_norm_act", module, counts)
     if counts["group_norm_act"] == 0 and counts["group_norm"] > 0 and example_inputs is None and any(
@@ -236,46 +244,122 @@ class _GatedGroupNormAct(GroupNormAct):
         return self.__dict__["_gate"].announce(super().forward(input, residual))
 
 
+class _PaddedGroupNormAct(_GatedGroupNormAct):
+    """A gated GroupNormAct whose output feeds a module that pads it (F.pad(x, pad, mode, value)) and passes the
+    result to one child (a causal convolution): it writes the padded tensor (group_norm_act_pad) and returns its
+    interior, a view that module's forward (_padded_forward) recognizes and unwraps, so no padding pass runs.
+    Anything else that gets the view sees act(group_norm(x)) itself."""
+
+    def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if residual is not None or torch.compiler.is_compiling():
+            return super().forward(input, residual)
+        pad, mode, value = self.__dict__["_pad"]
+        padded = group_norm_act_pad(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, pad,
+                                    mode, value)
+        y = padded
+        for k in range(len(pad) // 2):
+            d = padded.dim() - 1 - k
+            y = y.narrow(d, pad[2 * k], input.shape[d])
+        y._gnext_padded_for = self.__dict__["_pad_target"]
+        return self.__dict__["_gate"].announce(y)
+
+
+def _padded_forward(self, input, *args, **kwargs):
+    """Forward of a module whose traced forward was child(F.pad(input, ...)): a padded norm's interior view goes
+    straight to the child as the whole padded tensor; any other input runs the class's forward."""
+    if (not args and not kwargs and not torch.compiler.is_compiling()
+            and getattr(input, "_gnext_padded_for", None) is self and input._base is not None):
+        return getattr(self, self.__dict__["_gnext_pad_child"])(input._base)
+    return type(self).forward(self, input, *args, **kwargs)
+
+
 class _ConsumerMode(TorchFunctionMode):
     """Records, for every watched tensor (a GroupNorm's output), the ops that take it: (activation module, its
-    function) when the innermost running module is that activation, else "other"."""
+    function) when the innermost running module is that activation, else "other". For the padded form it also
+    follows the activation's output: the uses of each norm's activated output are recorded in `pads` as (module
+    that ran F.pad on it, pad, mode, value), or "other" (an identity dropout passes it on unchanged); the padded
+    tensor must then go only into one direct child of that module (`pad_outs` -> `pad_child`)."""
 
     def __init__(self, stack: list):
         super().__init__()
         self.stack = stack
         self.watch: dict[int, tuple[nn.Module, torch.Tensor]] = {}
         self.consumers: dict[nn.Module, set] = {}
+        self.activated: dict[int, tuple[nn.Module, torch.Tensor]] = {}  # activation outputs of watched tensors
+        self.pads: dict[nn.Module, set] = {}
+        self.pad_outs: dict[int, tuple[nn.Module, nn.Module, torch.Tensor]] = {}  # padded -> (norm, padder, tensor)
+
+    def _hit(self, table, a):
+        hit = table.get(id(a)) if isinstance(a, torch.Tensor) else None
+        return hit if hit is not None and hit[-1] is a else None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        top = self.stack[-1] if self.stack else None
         for a in [*args, *kwargs.values()]:
-            hit = self.watch.get(id(a)) if isinstance(a, torch.Tensor) else None
-            if hit is not None and hit[1] is a:
-                top = self.stack[-1] if self.stack else None
+            hit = self._hit(self.watch, a)
+            if hit is not None:
                 first = args[0] is a if args else False
                 ok = top is not None and _activation_name(top) is not None and first
                 self.consumers.setdefault(hit[0], set()).add(top if ok else "other")
-        return func(*args, **kwargs)
+            hit = self._hit(self.activated, a)
+            if hit is not None:
+                norm = hit[0]
+                if func is torch.nn.functional.dropout and out is a:
+                    continue
+                if (func is torch.nn.functional.pad and args and args[0] is a and top is not None
+                        and isinstance(out, torch.Tensor)):
+                    pad = args[1] if len(args) > 1 else kwargs.get("pad")
+                    mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
+                    value = args[3] if len(args) > 3 else kwargs.get("value", None)
+                    value = 0.0 if value is None else value
+                    if mode in ("replicate", "constant") and isinstance(value, (int, float)):
+                        self.pads.setdefault(norm, set()).add((top, tuple(int(p) for p in pad), mode, float(value)))
+                        self.pad_outs[id(out)] = (norm, top, out)
+                        continue
+                self.pads.setdefault(norm, set()).add("other")
+            hit = self._hit(self.pad_outs, a)
+            if hit is not None and (top is None or top.__dict__.get("_gnext_trace_parent") is not hit[1]):
+                self.pads.setdefault(hit[0], set()).add("other")
+        return out
 
 
-def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict) -> None:
+def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, pad_into_conv: bool = True) -> None:
     stack: list = []
     mode = _ConsumerMode(stack)
     norms = [m for m in module.modules() if _plain_group_norm(m)]
-    acts = [m for m in module.modules() if _activation_name(m) is not None]
+    acts = {id(m) for m in module.modules() if _activation_name(m) is not None}
+    children = {}  # padder module -> the child that took its padded tensor, None where that differed
+    returned = {}  # padder module -> whether each of its calls that padded returned that child's output
     handles = []
 
-    def push(m, _inputs):
+    def push(m, inputs):
+        hit = mode._hit(mode.pad_outs, inputs[0]) if inputs else None
+        if hit is not None:  # m takes a padded tensor: it must be a direct child of the padder, the same every call
+            parent = stack[-1] if stack else None
+            ok = parent is hit[1] and any(c is m for c in parent.children())
+            prev = children.get(parent, m)
+            children[parent] = m if ok and prev is m else None
+            m.__dict__["_gnext_trace_parent"] = parent if ok else None
         stack.append(m)
 
-    def pop(m, _inputs, _output):
+    def pop(m, inputs, output):
         stack.pop()
+        if id(m) in acts and inputs and mode._hit(mode.watch, inputs[0]) is not None:
+            mode.activated[id(output)] = (mode.watch[id(inputs[0])][0], output)
+        if m in children:  # a padder: did it return its child's output?
+            child = children[m]
+            took = child is not None and child.__dict__.get("_gnext_trace_out") is output
+            returned[m] = returned.get(m, True) and took
+        if "_gnext_trace_parent" in m.__dict__:
+            m.__dict__["_gnext_trace_out"] = output
 
     def watch(m, _inputs, output):
         mode.watch[id(output)] = (m, output)
         mode.consumers.setdefault(m, set())
 
-    for m in set(norms) | set(acts):
+    for m in module.modules():
         handles.append(m.register_forward_pre_hook(push))
         handles.append(m.register_forward_hook(pop))
     for m in norms:
@@ -286,14 +370,35 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict) -
     finally:
         for h in handles:
             h.remove()
+        for m in module.modules():
+            m.__dict__.pop("_gnext_trace_parent", None)
+            m.__dict__.pop("_gnext_trace_out", None)
     # A norm fuses when every output it produced went into one activation module and nothing else.
     pairs = {n: next(iter(c)) for n, c in mode.consumers.items() if len(c) == 1 and "other" not in c}
     if not pairs:
         return
+    # ... and writes its output padded when every activated output went into F.pad in one module, with one pad,
+    # whose padded tensor went only into one direct child whose output that module returned.
+    padded = {}
+    for norm in pairs if pad_into_conv else ():
+        uses = mode.pads.get(norm, set())
+        if len(uses) == 1 and "other" not in uses:
+            padder, pad, pmode, value = next(iter(uses))
+            if children.get(padder) is not None and returned.get(padder) and "forward" not in padder.__dict__:
+                padded[norm] = (padder, pad, pmode, value)
     gates = {id(a): _ActivationGate(a) for a in set(pairs.values())}
     fused = {}
     for norm, act in pairs.items():
-        new = _from_group_norm(_GatedGroupNormAct, norm, _activation_name(act))
+        if norm in padded:
+            padder, pad, pmode, value = padded[norm]
+            new = _from_group_norm(_PaddedGroupNormAct, norm, _activation_name(act))
+            new.__dict__["_pad"], new.__dict__["_pad_target"] = (list(pad), pmode, value), padder
+            name = next(n for n, c in padder.named_children() if c is children[padder])
+            padder.__dict__["_gnext_pad_child"] = name
+            padder.forward = types.MethodType(_padded_forward, padder)
+            counts["pad_into_conv"] += 1
+        else:
+            new = _from_group_norm(_GatedGroupNormAct, norm, _activation_name(act))
         new.__dict__["_gate"] = gates[id(act)]
         fused[id(norm)] = new
     for parent in list(module.modules()):

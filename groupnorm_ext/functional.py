@@ -2,7 +2,7 @@
 """Functional API of gnext, mirroring torch.nn.functional."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -10,10 +10,12 @@ from ._library import ACTIVATIONS  # noqa: F401  (re-exported: the names group_n
 from ._registry import ops  # noqa: F401  (the compiled library, fake and CPU kernels, autograd)
 from . import _cpu
 from ._autograd import eager as _eager
+from .ops import group_norm_act_pad as _pad_op
 
 _group_norm = _eager["group_norm"]
 _group_norm_act = _eager["group_norm_act"]
 _group_norm_act_logsumexp = _eager["group_norm_act_logsumexp"]
+_group_norm_act_pad = _eager["group_norm_act_pad"]
 _conv_transpose2d_gelu_group_norm = _eager["conv_transpose2d_gelu_group_norm"]
 
 
@@ -149,6 +151,57 @@ def group_norm_act(
         out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
         return out if residual is None else out + residual
     return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual)
+
+
+def group_norm_act_pad(
+    input: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    activation: str = "silu",
+    pad: Sequence[int] = (1, 1, 1, 1),
+    mode: str = "replicate",
+    value: float = 0.0,
+) -> torch.Tensor:
+    r"""``F.pad(act(group_norm(input)), pad, mode, value)`` in one op: the padded input of a convolution that
+    pads by itself, such as the causal 3-D convolutions of video VAEs (HunyuanVideo pads
+    ``(1, 1, 1, 1, 2, 0)`` by replication before each ``conv3d``).
+
+    GroupNorm as :func:`group_norm` (Wu & He 2018), the activation as :func:`group_norm_act`. On CUDA
+    the statistics pass reads ``input`` once and a second pass writes every element of the padded output,
+    halo included, from its source element (replicate: the nearest element of ``input`` along each padded
+    dim; constant: ``value``), so neither the normalized tensor nor the padding pass exists
+    (2 reads + 1 write of the tensor, against 2 + 2 for ``F.pad`` after :func:`group_norm_act`).
+
+    Args:
+        input, num_groups, weight, bias, eps: as :func:`group_norm`; ``input`` has 1 to 3 spatial dims
+            (3-D to 5-D); a channels_last input is made contiguous first.
+        activation: as :func:`group_norm_act`.
+        pad: as :func:`torch.nn.functional.pad`: (before, after) per padded spatial dim, the last dim
+            first, 2 to 2 x (spatial dims) values, each >= 0, in elements.
+        mode: ``"replicate"`` or ``"constant"``.
+        value: the constant mode's fill value (after the activation; it is not normalized).
+
+    Returns:
+        Contiguous tensor of ``input``'s dtype: ``input``'s shape with each padded dim grown by its two
+        pad values.
+
+    Raises:
+        RuntimeError: as :func:`group_norm_act`; ``mode`` not one of the two; ``pad`` of odd length, empty,
+            longer than 2 x (spatial dims) or with negative values; replicate padding of an empty dim.
+
+    Differentiable in input, weight and bias (the padding's gradient is folded onto the elements it
+    copied); traceable by ``torch.compile(fullgraph=True)``.
+    """
+    pad = [int(p) for p in pad]
+    if input.dtype == torch.float64:  # ATen's ops, as group_norm
+        act = _cpu.parse_activation("gnext.group_norm_act_pad", activation)
+        out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
+        _pad_op.check_pad_args("gnext.group_norm_act_pad", input, pad, mode)
+        return (_pad_op._replicate(out, pad) if mode == "replicate"
+                else torch.nn.functional.pad(out, pad, value=value)).contiguous()
+    return _group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value)
 
 
 def group_norm_act_logsumexp(

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "../common/pointwise.h"
 #include "../common/stable.h"
@@ -92,6 +93,32 @@ inline Problem check_group_norm_backward_args(const char* op, const Tensor& grad
   return s;
 }
 
+// pad as F.pad takes it (2 values, before and after, per padded spatial dim, the last dim first; non-negative) for
+// an input of 1 to 3 spatial dims; replicate padding needs the padded dims non-empty. Returns the output's sizes.
+inline std::vector<int64_t> check_pad_args(const char* op, const Tensor& input, const std::vector<int64_t>& pad,
+                                           bool replicate) {
+  const int64_t sd = input.dim() - 2;
+  GNEXT_CHECK(sd >= 1 && sd <= 3, op, ": a padded output needs input of shape (N, C, *) with 1 to 3 spatial dims, ",
+              "got input.shape=", shape(input));
+  const int64_t n_pad = static_cast<int64_t>(pad.size());
+  GNEXT_CHECK(n_pad > 0 && n_pad % 2 == 0 && n_pad <= 2 * sd, op, ": pad must hold 2 values (before, after) per ",
+              "padded spatial dim, the last dim first, at most ", 2 * sd, " for input.shape=", shape(input),
+              ", got pad=", Shape{pad});
+  std::vector<int64_t> sizes(input.sizes().begin(), input.sizes().end());
+  for (int64_t k = 0; k < n_pad / 2; ++k) {
+    GNEXT_CHECK(pad[2 * k] >= 0 && pad[2 * k + 1] >= 0 && pad[2 * k] < (1 << 20) && pad[2 * k + 1] < (1 << 20), op,
+                ": pad values must be in [0, 2^20), got pad=", Shape{pad});
+    int64_t& n = sizes[input.dim() - 1 - k];
+    GNEXT_CHECK(!replicate || n > 0, op, ": replicate padding needs the padded dims non-empty, got input.shape=",
+                shape(input), " and pad=", Shape{pad});
+    n += pad[2 * k] + pad[2 * k + 1];
+  }
+  const int64_t plane = sizes[input.dim() - 1] * (sd >= 2 ? sizes[input.dim() - 2] : 1);
+  GNEXT_CHECK(plane < (int64_t{1} << 31), op, ": the padded output's last two dims must hold fewer than 2^31 ",
+              "elements, got output shape ", Shape{sizes});
+  return sizes;
+}
+
 // Forward statistics of an input with no elements: undefined, NaN.
 inline void fill_empty_stats(Tensor& mean, Tensor& rstd) {
   fill(mean, std::numeric_limits<double>::quiet_NaN());
@@ -169,6 +196,13 @@ gn::ScalarKind scalar_kind(ScalarType t);
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
                                                        const Pointwise& pro, bool out_nchw = false);
+// The same with the output padded as F.pad(out, pad, mode) does (replicate, or constant `value`), in one pass
+// after the statistics; contiguous output, no prologue or residual (group_norm_cuda.cpp).
+std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
+                                                           const OptTensor& weight, const OptTensor& bias,
+                                                           double eps, const Pointwise& pro,
+                                                           const std::vector<int64_t>& pad, bool replicate,
+                                                           double value);
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
     const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro);

@@ -408,6 +408,58 @@ Tensor group_norm_apply_cuda_pre(const char* op, const Tensor& input, const Tens
   return out;
 }
 
+std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
+                                                           const OptTensor& weight, const OptTensor& bias,
+                                                           double eps, const Pointwise& pro,
+                                                           const std::vector<int64_t>& pad, bool replicate,
+                                                           double value) {
+  const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
+  check_pointwise(op, input, pro);
+  GNEXT_CHECK(pro.kind == kPreNone && !defined(pro.residual), op, ": a padded output takes no prologue or residual");
+  const std::vector<int64_t> sizes = check_pad_args(op, input, pad, replicate);
+  DeviceGuard guard(input);
+  Tensor out = empty_on(input, IntArrayRef(sizes.data(), sizes.size()), input.scalar_type());
+  Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
+  Tensor rstd = empty_on(input, {s.N, s.G}, ScalarType::Float);
+  if (input.numel() == 0) {
+    fill_empty_stats(mean, rstd);
+    if (out.numel() > 0) fill(out, value);
+    return {out, mean, rstd};
+  }
+  // The statistics pass reads x in its own layout (NCHW or NHWC); the padded pass needs NCHW rows.
+  const Tensor x = contig(input);
+  const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
+  const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
+  gn::Request req = request_of(x, Pointwise{});
+  req.aligned = aligned16({x.data_ptr()});
+  const Plan plan = gn::plan_stats(s, req, plan_device(), gn::tuning());
+  const gn::ReduceGeometry& rg = plan.reduce;
+  const cudaStream_t stream = current_stream(x);
+  const int64_t n_partial = s.N * s.C * rg.K * 3, n_coef = s.N * s.C * 4;
+  Scratch ws = scratch(x, scratch_floats({n_partial, n_coef}), stream);
+  float* partial = ws.take(n_partial);
+  float* coef = ws.take(n_coef);
+  const ScalarKind t = scalar_kind(input.scalar_type());
+  GNEXT_CUDA_CHECK(gn::launch_reduce(false, t, s, rg, x.data_ptr(), nullptr, nullptr, partial, gn::PwArgs{}, stream));
+  GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), s, partial_layout(s, rg), partial,
+                                             ptr_or_null(w), ptr_or_null(b), ptr<float>(mean), ptr<float>(rstd), coef,
+                                             static_cast<float>(eps), nullptr, stream));
+  // (NC, D, H, W) of x and out, the spatial dims right-aligned (a 4-D input has D = 1).
+  const int64_t sd = input.dim() - 2;
+  int64_t in[3] = {1, 1, 1}, op_[3] = {1, 1, 1};
+  int lo[3] = {0, 0, 0};
+  for (int64_t i = 0; i < sd; ++i) {
+    in[3 - sd + i] = input.size(2 + i);
+    op_[3 - sd + i] = sizes[2 + i];
+  }
+  for (size_t k = 0; k < pad.size() / 2; ++k) lo[2 - k] = static_cast<int>(pad[2 * k]);
+  gn::PadShape ps{s.N * s.C, s.C, in[0], in[1], in[2], op_[0], op_[1], op_[2], lo[0], lo[1], lo[2]};
+  gn::PwArgs pw = pw_args(pro, Tensor(), nullptr, w, b);
+  GNEXT_CUDA_CHECK(gn::launch_affine_pad(t, ps, x.data_ptr(), out.data_ptr(), coef, pw, replicate,
+                                       static_cast<float>(value), plan_device().sms, stream));
+  return {out, mean, rstd};
+}
+
 namespace {
 
 // The checks of a split backward pass (arguments, activation, GroupNorm bias); returns the problem sizes.

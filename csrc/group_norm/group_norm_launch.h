@@ -319,5 +319,16 @@ cudaError_t launch_cast_stats(ScalarKind from, ScalarKind to, const void* mean, 
 cudaError_t launch_affine(bool has_dy, ScalarKind t, const Problem& p, const AffineGeometry& g, const void* x,
                           const void* dy, void* out, const float* coef, const PwArgs& pw, cudaStream_t stream);
 
+// The elementwise pass into a padded output (group_norm_pad.cu): x contiguous (NC, D, H, W) (D = H = 1 for fewer
+// spatial dims), out contiguous (NC, Dp, Hp, Wp); fd, ht, wl: padding before d, h, w (the rest after).
+struct PadShape {
+  int64_t NC, C, D, H, W, Dp, Hp, Wp;
+  int fd, ht, wl;
+};
+// out = act(coef.y * (x' - coef.x) + coef.w) at the source element x' of each output element (replicate: the
+// clamped index), `value` where constant padding has none. pw: an output activation only (no prologue, no residual).
+cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, void* out, const float* coef,
+                              const PwArgs& pw, bool replicate, float value, int sm_count, cudaStream_t stream);
+
 }  // namespace gn
 }  // namespace gnext

@@ -29,6 +29,18 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_act_cuda(const Tensor& input, int6
   return group_norm_cuda_pre(op, input, num_groups, weight, bias, eps, forward_pointwise(op, activation, residual));
 }
 
+std::tuple<Tensor, Tensor, Tensor> group_norm_act_pad_cuda(const Tensor& input, int64_t num_groups,
+                                                           const OptTensor& weight, const OptTensor& bias, double eps,
+                                                           const std::string& activation,
+                                                           const std::vector<int64_t>& pad, const std::string& mode,
+                                                           double value) {
+  constexpr const char* op = "gnext.group_norm_act_pad";
+  GNEXT_CHECK(mode == "replicate" || mode == "constant", op, ": mode must be 'replicate' or 'constant', got mode='",
+              mode, "'");
+  return group_norm_pad_cuda_pre(op, input, num_groups, weight, bias, eps, forward_pointwise(op, activation, {}), pad,
+                                 mode == "replicate", value);
+}
+
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_act_backward_cuda(
     const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
     const OptTensor& bias, int64_t num_groups, const std::string& activation, const std::vector<bool>& output_mask) {
@@ -67,6 +79,7 @@ Tensor group_norm_act_apply_backward_cuda(const Tensor& grad_out, const Tensor& 
 STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
   m.impl("group_norm_act", TORCH_BOX(&group_norm_act_cuda));
   m.impl("group_norm_act_backward", TORCH_BOX(&group_norm_act_backward_cuda));
+  m.impl("group_norm_act_pad", TORCH_BOX(&group_norm_act_pad_cuda));
   m.impl("group_norm_act_apply", TORCH_BOX(&group_norm_act_apply_cuda));
   m.impl("group_norm_act_apply_backward_sums", TORCH_BOX(&group_norm_act_apply_backward_sums_cuda));
   m.impl("group_norm_act_apply_backward", TORCH_BOX(&group_norm_act_apply_backward_cuda));

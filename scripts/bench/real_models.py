@@ -59,6 +59,8 @@ import groupnorm_ext as ge  # noqa: E402
 from groupnorm_ext import compile_fusion  # noqa: E402
 
 VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
+# Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)).
+EXTRA_VARIANTS = ("gnext-nopad",)
 
 
 def image(size, n):
@@ -224,7 +226,8 @@ def no_caches():
 
 # Per-round ratios: (variant, its baseline); the two ran in the same round, so slow phases of the shared
 # machine that span a round cancel.
-PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("compile+fusion", "compile"))
+PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("compile+fusion", "compile"),
+         ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"))
 
 
 def paired(times):
@@ -269,6 +272,11 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
     fns["eager"] = step_fn(orig, args, train)
     fns["gnext"] = step_fn(conv, args, train)
     fns["gnext-aten"] = step_fn(orig, args, train)
+    if "gnext-nopad" in variants:
+        nopad, info["converted_nopad"] = ge.convert_group_norm_act(
+            copy.deepcopy(orig), return_counts=True, pad_into_conv=False,
+            example_inputs=args if row in TRACED_ROWS else None)
+        fns["gnext-nopad"] = step_fn(nopad, args, train)
     outs, t_compile = {}, {}
     graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
     if "compile" in variants:
@@ -340,13 +348,14 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
 
 
 LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gnext-aten eager ms (x)",
-          "compile": "compile ms (x)", "compile+fusion": "compile + fusion ms (x)"}
+          "compile": "compile ms (x)", "compile+fusion": "compile + fusion ms (x)",
+          "gnext-nopad": "gnext eager, no padded outputs ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
     """<name>.json, <name>.md and <name>.png (bars: speed-up over original eager) under out_dir. Columns: the
     variants any row has (a row without one shows "–")."""
-    have = [v for v in VARIANTS if any(v in r["ms"] for r in rows)]
+    have = [v for v in VARIANTS + EXTRA_VARIANTS if any(v in r["ms"] for r in rows)]
     fusion = "compile+fusion" in have and "compile" in have
     head = [LABELS[v] for v in have] + (["fusion vs compile", "rewrites"] if fusion else [])
     head += [f"peak GiB: {' / '.join(have)}"]
@@ -449,7 +458,8 @@ def main():
                    help="torch.compile mode of both compiled variants (e.g. reduce-overhead: CUDA graphs, "
                         "which take the host out of the compiled steps); default: torch.compile's default")
     p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated subset of {','.join(VARIANTS)} (eager is the baseline of the ratios)")
+                   help=f"comma-separated subset of {','.join(VARIANTS + EXTRA_VARIANTS)} (eager is the baseline of "
+                        "the ratios)")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="no run: one table (in --rows order) from the rows of JSON files of earlier runs "
                         "(rows run in separate processes or device calls); meta from the first file")
@@ -474,7 +484,7 @@ def main():
             "input": "skimage.data.astronaut(); VAE: its encoder's latents"}
     rows = []
     for row in args.rows.split(","):
-        variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
+        variants = tuple(v for v in VARIANTS + EXTRA_VARIANTS if v in args.variants.split(","))
         res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode, variants)
         print(json.dumps({k: res[k] for k in ("row", "ms", "converted", "fusion_rewrites")}), flush=True)
         rows.append(res)

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""GroupNorm + activation written into a padded output: out = F.pad(act(GroupNorm(x)), pad, mode, value), the
+input of a convolution that pads by itself (video VAEs' causal 3-D convolutions: replicate padding). The op's fake
+kernel, CPU kernel and autograd; its schema is in csrc/gnext.cpp and its CUDA kernels (the statistics pass, then
+one pass that writes every padded element) in csrc/group_norm/group_norm_pad.cu. The backward folds the padding's
+gradient back onto the elements it copied (replicate) or drops it (constant), then runs group_norm_act_backward."""
+from __future__ import annotations
+
+import torch
+
+from .. import _autograd, _cpu
+from .._autograd import _call_backward, _cast
+from .._cpu import _check, _group_norm, apply_act, check_group_norm_args, parse_activation
+
+MODES = ("replicate", "constant")
+
+
+def check_pad_args(op, input, pad, mode):
+    """The output's sizes for F.pad's `pad` (2 values per padded spatial dim, the last dim first, >= 0), raising
+    as the CUDA kernel does (csrc/group_norm/group_norm.h, check_pad_args)."""
+    _check(mode in MODES, lambda: f"{op}: mode must be 'replicate' or 'constant', got mode='{mode}'")
+    sd = input.dim() - 2
+    _check(1 <= sd <= 3, lambda: f"{op}: a padded output needs input of shape (N, C, *) with 1 to 3 spatial dims, "
+                                 f"got input.shape={list(input.shape)}")
+    pad = [int(p) for p in pad]
+    _check(0 < len(pad) <= 2 * sd and len(pad) % 2 == 0,
+           lambda: f"{op}: pad must hold 2 values (before, after) per padded spatial dim, the last dim first, at most "
+                   f"{2 * sd} for input.shape={list(input.shape)}, got pad={pad}")
+    sizes = list(input.shape)
+    for k in range(len(pad) // 2):
+        lo, hi = pad[2 * k], pad[2 * k + 1]
+        _check(0 <= lo < 2 ** 20 and 0 <= hi < 2 ** 20, lambda: f"{op}: pad values must be in [0, 2^20), got pad={pad}")
+        d = input.dim() - 1 - k
+        _check(mode != "replicate" or sizes[d] > 0,
+               lambda: f"{op}: replicate padding needs the padded dims non-empty, got input.shape={list(input.shape)} "
+                       f"and pad={pad}")
+        sizes[d] += lo + hi
+    plane = sizes[-1] * (sizes[-2] if sd >= 2 else 1)
+    _check(plane < 2 ** 31, lambda: f"{op}: the padded output's last two dims must hold fewer than 2^31 elements, "
+                                    f"got output shape {sizes}")
+    return sizes
+
+
+def _replicate(y, pad):
+    """F.pad(y, pad, 'replicate') for any number of padded trailing dims (F.pad takes only spatial-dims-many)."""
+    for k in range(len(pad) // 2):
+        d = y.dim() - 1 - k
+        n = y.shape[d]
+        idx = torch.arange(-pad[2 * k], n + pad[2 * k + 1], device=y.device).clamp_(0, n - 1)
+        y = y.index_select(d, idx)
+    return y
+
+
+def unpad_grad(grad, pad, mode):
+    """The gradient of the unpadded tensor from that of F.pad(., pad, mode): the interior, plus (replicate) the sums
+    over each halo added onto the edge it copies."""
+    for k in range(len(pad) // 2):
+        d = grad.dim() - 1 - k
+        lo, hi = pad[2 * k], pad[2 * k + 1]
+        n = grad.shape[d] - lo - hi
+        inner = grad.narrow(d, lo, n)
+        if mode == "replicate" and (lo or hi):
+            inner = inner.clone()
+            if lo:
+                inner.narrow(d, 0, 1).add_(grad.narrow(d, 0, lo).sum(d, keepdim=True))
+            if hi:
+                inner.narrow(d, n - 1, 1).add_(grad.narrow(d, lo + n, hi).sum(d, keepdim=True))
+        grad = inner
+    return grad.contiguous()
+
+
+@torch.library.register_fake("gnext::group_norm_act_pad")
+def _group_norm_act_pad_fake(input, num_groups, weight, bias, eps, activation, pad, mode, value):
+    sizes = check_pad_args("gnext.group_norm_act_pad", input, pad, mode)
+    N, G = input.shape[0], num_groups
+    return (input.new_empty(sizes), input.new_empty((N, G), dtype=torch.float32),
+            input.new_empty((N, G), dtype=torch.float32))
+
+
+def group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value):
+    op = "gnext.group_norm_act_pad"
+    act = parse_activation(op, activation)
+    check_group_norm_args(op, input, num_groups, weight, bias)
+    check_pad_args(op, input, pad, mode)
+    n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
+    y = apply_act(n, act)
+    pad = [int(p) for p in pad]
+    out = _replicate(y, pad) if mode == "replicate" else torch.nn.functional.pad(y, pad, value=float(value))
+    return out.contiguous(), mean, rstd
+
+
+# group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value) -> (out, mean, rstd)
+def _pad_save(ctx, inputs, output):
+    input, num_groups, weight, bias, _, activation, pad, mode, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(input, weight, bias, mean, rstd)
+    ctx.num_groups, ctx.activation, ctx.pad, ctx.mode = num_groups, activation, [int(p) for p in pad], mode
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
+def _pad_grads(ctx, need, grad_out):
+    input, weight, bias, mean, rstd = ctx.saved_tensors
+    mask = [need[0], need[2], need[3]]
+    if grad_out is None or not any(mask):
+        return (None,) * 9
+    g = unpad_grad(grad_out, ctx.pad, ctx.mode)
+    dx, dw, db = _call_backward(torch.ops.gnext.group_norm_act_backward.default, g, input, mean, rstd, weight, bias,
+                                ctx.num_groups, ctx.activation, mask)
+    return dx, None, dw, _cast(db, ctx.bias_dtype), None, None, None, None, None
+
+
+_cpu.register(group_norm_act_pad)
+_autograd.register("group_norm_act_pad", _pad_save, _pad_grads, backward_op=False)

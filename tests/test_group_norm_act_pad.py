@@ -1,0 +1,296 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""group_norm_act_pad: F.pad(act(GroupNorm(x)), pad, mode, value) against a float64 reference (the GroupNorm of
+conftest.reference, PyTorch's activations and F.pad), forward and backward, on odd sizes, every layout, both modes;
+its argument errors; and the converter's padded form on a causal 3-D block and diffusers' HunyuanVideo decoder."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import groupnorm_ext as ge
+from groupnorm_ext.ops.group_norm_act_pad import unpad_grad
+
+from conftest import (BWD_TOL, DEVICES, FWD_TOL, LAYOUTS, act_ref, assert_close_to_ref, layout_input, poison,
+                      reference)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+IDS = ["fp32", "fp16", "bf16"]
+
+
+def _ref_pad(y, pad, mode, value):
+    """float64 F.pad for any number of padded dims (F.pad's replicate mode takes only spatial-dims-many)."""
+    if mode == "constant":
+        return F.pad(y, pad, value=value)
+    for k in range(len(pad) // 2):
+        d = y.dim() - 1 - k
+        n = y.shape[d]
+        y = y.index_select(d, torch.arange(-pad[2 * k], n + pad[2 * k + 1], device=y.device).clamp(0, n - 1))
+    return y
+
+
+def _check(device, dtype, shape, G, act, pad, mode, value=0.0, layout="contiguous", affine=True, seed=0,
+           offset=2.0, backward=True, fwd_tol=FWD_TOL, bwd_tol=BWD_TOL):
+    gen = torch.Generator().manual_seed(seed)
+    x = layout_input(shape, dtype, device, layout, 3.0, offset, gen)
+    C = shape[1]
+    w = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5 + 1).to(device) if affine else None
+    b = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(device) if affine else None
+    n_ref, _, _ = reference(x, G, w, b, 1e-5)
+    ref = _ref_pad(act_ref(n_ref, act), pad, mode, value)
+    poison(device, ref.numel() * 4)
+    xr = x.detach().requires_grad_(backward)
+    wr = w.to(dtype).requires_grad_(backward) if affine else None
+    br = b.to(dtype).requires_grad_(backward) if affine else None
+    out = ge.group_norm_act_pad(xr, G, wr, br, 1e-5, act, pad, mode, value)
+    assert out.dtype == dtype and out.is_contiguous()
+    assert_close_to_ref(out.detach(), ref, dtype, fwd_tol)
+    if not backward:
+        return
+    dy = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device)
+    out.backward(dy.to(dtype))
+    # float64 gradients of the same composition, through autograd
+    xd = x.detach().double().requires_grad_()
+    wd = w.detach().clone().requires_grad_() if affine else None
+    bd = b.detach().clone().requires_grad_() if affine else None
+    N = shape[0]
+    xs = xd.reshape(N, G, -1)
+    mean = xs.mean(-1, keepdim=True)
+    n = ((xs - mean) * ((xs - mean).pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt()).reshape(xd.shape)
+    if affine:
+        pshape = (1, C) + (1,) * (xd.dim() - 2)
+        n = n * wd.view(pshape) + bd.view(pshape)
+    _ref_pad(act_ref(n, act), pad, mode, value).backward(dy)
+    assert_close_to_ref(xr.grad, xd.grad, dtype, bwd_tol)
+    if affine:
+        assert_close_to_ref(wr.grad, wd.grad, dtype, bwd_tol)
+        assert_close_to_ref(br.grad, bd.grad, dtype, bwd_tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("mode", ["replicate", "constant"])
+@pytest.mark.parametrize("shape,G,pad", [
+    ((2, 12, 5, 9, 7), 4, (1, 1, 1, 1, 2, 0)),   # HunyuanVideo's causal pad
+    ((1, 8, 3, 6, 10), 8, (0, 2, 1, 0, 0, 3)),   # G = C, uneven pads
+    ((3, 6, 7, 5), 1, (2, 3, 1, 1)),             # 4-D, G = 1
+    ((2, 4, 11), 2, (3, 1)),                     # 3-D
+    ((1, 16, 1, 1), 4, (1, 1, 1, 1)),            # HxW = 1: every output a copy of one element
+    ((2, 8, 4, 6, 5), 2, (1, 1)),                # 5-D with only W padded
+])
+def test_matches_float64_reference(device, dtype, mode, shape, G, pad):
+    _check(device, dtype, shape, G, "silu", pad, mode, value=0.25 if mode == "constant" else 0.0, seed=len(shape))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", ["identity", "relu", "gelu", "hardswish", "tanh_hardswish"])
+def test_activations(device, act):
+    _check(device, torch.float32, (2, 12, 3, 10, 9), 3, act, (1, 1, 1, 1, 2, 0), "replicate", seed=3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts(device, layout):
+    _check(device, torch.float16, (2, 8, 3, 12, 10), 4, "silu", (1, 1, 1, 1, 2, 0), "replicate", layout=layout,
+           seed=5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_affine_large_mean(device):
+    """Mean 300, std 3: float32 rounds the mean by ulp(300) / 2 = 1.5e-5, 5e-6 of the std, which bounds any
+    float32 GroupNorm's output error (test_group_norm.py: test_large_mean_small_variance)."""
+    tol = {torch.float32: 4e-5}
+    _check(device, torch.float32, (1, 6, 4, 9, 11), 3, "silu", (1, 1, 1, 1, 2, 0), "replicate", affine=False,
+           offset=300.0, seed=7, fwd_tol=tol, bwd_tol={torch.float32: 4e-4})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape,pad", [
+    ((1, 64, 5, 130, 66), (1, 1, 1, 1, 2, 0)),   # planes of several CTAs, rows not a multiple of any vector
+    ((2, 32, 300, 301), (1, 1, 1, 1)),           # a 4-D map
+    ((1, 32, 2, 2048, 1030), (1, 1, 1, 1, 2, 0)),  # planes that loop (> the grid's CTAs per plane)
+])
+def test_large_planes(dtype, shape, pad):
+    _check("cuda", dtype, shape, 8, "silu", pad, "replicate", seed=9, backward=dtype == torch.float32)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_and_compile():
+    x = torch.randn(2, 16, 3, 20, 18, device="cuda", dtype=torch.float16) + 1
+    w, b = torch.randn(16, device="cuda"), torch.randn(16, device="cuda")
+    ref = ge.group_norm_act_pad(x, 4, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
+    f = torch.compile(lambda t: ge.group_norm_act_pad(t, 4, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0)), fullgraph=True)
+    torch.testing.assert_close(f(x), ref, rtol=0, atol=0)
+    static = x.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ge.group_norm_act_pad(static, 4, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
+    static.copy_(x * 2)
+    g.replay()
+    torch.testing.assert_close(out, ge.group_norm_act_pad(x * 2, 4, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    x = torch.randn(0, 8, 3, 4, 5, device=device)
+    out = ge.group_norm_act_pad(x, 4, None, None, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
+    assert out.shape == (0, 8, 5, 6, 7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(pad=(1, 1, 1)), "pad must hold 2 values"),
+    (dict(pad=()), "pad must hold 2 values"),
+    (dict(pad=(1, 1, 1, 1, 1, 1, 1, 1)), "at most 6"),
+    (dict(pad=(1, -1)), r"pad values must be in \[0, 2\^20\)"),
+    (dict(mode="reflect"), "mode must be 'replicate' or 'constant', got mode='reflect'"),
+    (dict(activation="swish"), "activation"),
+])
+def test_errors(device, kwargs, match):
+    x = torch.randn(1, 8, 3, 4, 5, device=device)
+    args = dict(pad=(1, 1, 1, 1, 2, 0), mode="replicate", activation="silu") | kwargs
+    with pytest.raises(RuntimeError, match=match):
+        ge.group_norm_act_pad(x, 4, None, None, 1e-5, args["activation"], args["pad"], args["mode"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_shapes(device):
+    with pytest.raises(RuntimeError, match="must be divisible by num_groups"):
+        ge.group_norm_act_pad(torch.randn(1, 6, 4, 4, device=device), 4, pad=(1, 1))
+    with pytest.raises(RuntimeError, match="1 to 3 spatial dims"):
+        ge.group_norm_act_pad(torch.randn(2, 4, device=device), 2, pad=(1, 1))
+    with pytest.raises(RuntimeError, match="replicate padding needs the padded dims non-empty"):
+        ge.group_norm_act_pad(torch.randn(1, 4, 0, 3, device=device), 2, pad=(1, 1, 1, 1))
+    with pytest.raises(RuntimeError, match="weight must have shape"):
+        ge.group_norm_act_pad(torch.randn(1, 4, 3, 3, device=device), 2, torch.ones(3, device=device), pad=(1, 1))
+
+
+def test_unpad_grad_is_the_adjoint_of_the_pad():
+    """<pad(u), g> = <u, unpad_grad(g)> for both modes: the backward's fold is F.pad's exact adjoint."""
+    gen = torch.Generator().manual_seed(11)
+    u = torch.randn(2, 3, 4, 5, 6, generator=gen, dtype=torch.float64)
+    for mode in ("replicate", "constant"):
+        for pad in [(1, 1, 1, 1, 2, 0), (2, 0), (0, 3, 1, 2)]:
+            g = torch.randn(_ref_pad(u, list(pad), mode, 0.0).shape, generator=gen, dtype=torch.float64)
+            lhs = (_ref_pad(u, list(pad), mode, 0.0) * g).sum()
+            rhs = (u * unpad_grad(g, list(pad), mode)).sum()
+            torch.testing.assert_close(lhs, rhs)
+
+
+# --- the converter's padded form -------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """The model tests compare a converted model with the original: float32 convolutions in TF32 (cuDNN's default)
+    would make that comparison one of TF32 noise."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        yield
+
+
+class CausalConv3d(nn.Module):
+    """A causal convolution that pads by itself (replicate; 2 frames before, none after), as video VAEs have."""
+
+    def __init__(self, c, pad_mode="replicate"):
+        super().__init__()
+        self.pad, self.pad_mode = (1, 1, 1, 1, 2, 0), pad_mode
+        self.conv = nn.Conv3d(c, c, 3)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, self.pad, mode=self.pad_mode))
+
+
+class Block(nn.Module):
+    def __init__(self, c=16, pad_mode="replicate"):
+        super().__init__()
+        self.norm1, self.norm2 = nn.GroupNorm(4, c), nn.GroupNorm(4, c)
+        self.act, self.drop = nn.SiLU(), nn.Dropout(0.0)
+        self.conv1, self.conv2 = CausalConv3d(c, pad_mode), CausalConv3d(c, pad_mode)
+
+    def forward(self, x):
+        h = self.conv1(self.act(self.norm1(x)))
+        h = self.conv2(self.drop(self.act(self.norm2(h))))
+        return x + h
+
+
+class Escapes(Block):
+    """norm2's activated output is also used outside the padding module: it must not be written padded."""
+
+    def forward(self, x):
+        h = self.conv1(self.act(self.norm1(x)))
+        a = self.act(self.norm2(h))
+        return x + self.conv2(a) + a.mean()
+
+
+def _pad_calls(fn):
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.n += func is F.pad
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Count():
+        out = fn()
+    return out, Count.n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pad_mode", ["replicate", "constant"])
+def test_converter_writes_padded_conv_inputs(device, pad_mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(pad_mode=pad_mode), Escapes(pad_mode=pad_mode)).to(device).eval()
+    x = torch.randn(1, 16, 3, 9, 10, device=device) * 2 + 1
+    with torch.no_grad():
+        ref = model(x)
+    keys = list(model.state_dict())
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(model), example_inputs=(x,), return_counts=True)
+    assert counts["group_norm_act"] == 4 and counts["pad_into_conv"] == 3, counts
+    assert list(conv.state_dict()) == [k.replace("act.", "act.act.") for k in keys]
+    for _ in range(2):
+        out, n_pad = _pad_calls(lambda: conv(x))
+        assert n_pad == 1  # only Escapes.conv2 pads
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    # A deep copy keeps the padded form; gradients flow through it.
+    dup = copy.deepcopy(conv).train()
+    xr = x.clone().requires_grad_()
+    dup(xr).square().sum().backward()
+    xe = x.clone().requires_grad_()
+    copy.deepcopy(model).train()(xe).square().sum().backward()
+    torch.testing.assert_close(xr.grad, xe.grad, rtol=1e-3, atol=1e-3)
+
+
+def test_converter_padded_module_with_other_inputs_runs_its_own_forward():
+    """A padding module patched for a norm still pads inputs that do not come from it."""
+    torch.manual_seed(1)
+    blk = Block().eval()
+    x = torch.randn(1, 16, 3, 8, 8)
+    ge.convert_group_norm_act(blk, example_inputs=(x,))
+    with torch.no_grad():
+        direct = blk.conv1(x)  # x is not a padded norm output
+        ref = blk.conv1.conv(F.pad(x, (1, 1, 1, 1, 2, 0), mode="replicate"))
+    torch.testing.assert_close(direct, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_diffusers_hunyuan_video_decoder_padded(device):
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLHunyuanVideo(
+        block_out_channels=(32, 32, 32), down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 3, layers_per_block=1, norm_num_groups=8, latent_channels=4,
+        temporal_compression_ratio=4, spatial_compression_ratio=4).to(device).eval()
+    with torch.no_grad():
+        for p in vae.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    z = torch.randn(1, 4, 2, 8, 8, device=device)
+    ref, n_before = _pad_calls(lambda: vae.decoder(z))
+    dec, counts = ge.convert_group_norm_act(vae.decoder, example_inputs=(z,), return_counts=True)
+    out, n_after = _pad_calls(lambda: dec(z))
+    assert counts["pad_into_conv"] == counts["group_norm_act"] > 0, counts
+    assert n_after == n_before - counts["pad_into_conv"]
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
