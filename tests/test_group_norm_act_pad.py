@@ -119,6 +119,20 @@ def test_large_planes(dtype, shape, pad):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("mode", ["replicate", "constant"])
+@pytest.mark.parametrize("shape,pad", [
+    ((2, 8, 3, 2, 301), (3, 2, 1, 1, 2, 1)),     # odd rows: each source row starts at another alignment
+    ((1, 16, 4, 257), (0, 0, 2, 2)),             # unpadded rows, padded H only
+    ((3, 4, 1000), (5, 7)),                      # 3-D: one long row per (n, c)
+    ((1, 8, 2, 3, 1100), (1, 1, 1, 1, 2, 0)),    # rows of several trips
+])
+def test_rows_kernel(dtype, mode, shape, pad):
+    """Rows of >= 256 elements (the row kernel: vector loads and stores around unaligned heads and tails)."""
+    _check("cuda", dtype, shape, 4, "silu", pad, mode, value=-0.5 if mode == "constant" else 0.0, seed=13)
+
+
+@pytest.mark.gpu
 def test_cuda_graph_and_compile():
     x = torch.randn(2, 16, 3, 20, 18, device="cuda", dtype=torch.float16) + 1
     w, b = torch.randn(16, device="cuda"), torch.randn(16, device="cuda")

@@ -5,6 +5,7 @@
 // value outside x), so the normalized tensor is written once, halo included, and never read again.
 // docs/decisions/padded-output.md.
 #include <algorithm>
+#include <cstdint>
 
 #include "group_norm_dispatch.cuh"
 #include "group_norm_kernels.cuh"
@@ -16,6 +17,8 @@ namespace {
 
 constexpr int kPadThreads = 256;
 constexpr int kPadUnroll = 4;  // elements per thread and trip, loaded before any store
+constexpr int kPadRowsMinW = 256;  // rows of at least this many source elements take the row kernel
+constexpr int kPadRowSegs = 1;     // row kernel: 32-vector segments per trip, loaded before any store
 
 // Source index of padded index i along a dimension of size n with `lo` elements of padding before it:
 // replicate clamps; constant gives -1 outside [0, n).
@@ -69,6 +72,92 @@ __global__ void __launch_bounds__(kPadThreads)
   }
 }
 
+// Elements to the next 16-byte boundary from p (p is T-aligned), at most n.
+template <typename T>
+__device__ __forceinline__ int to_aligned16(const T* p, int n) {
+  return min(n, static_cast<int>(((16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15) / sizeof(T)));
+}
+
+// Writes o[0, n) = get(i) by one warp: the elements before o's first 16-byte boundary and after its last one one by
+// one, the rest in 16-byte vectors (n <= 32 vectors + one of head and tail).
+template <typename T, typename Get>
+__device__ __forceinline__ void warp_store_run(T* __restrict__ o, int n, int lane, Get&& get) {
+  constexpr int V = 16 / sizeof(T);
+  const int head = to_aligned16(o, n), nv = (n - head) / V, tail = head + nv * V;
+  if (lane < head) o[lane] = get(lane);
+  for (int vi = lane; vi < nv; vi += 32) {
+    Pack<T, V> pk;
+#pragma unroll
+    for (int j = 0; j < V; ++j) pk.v[j] = get(head + vi * V + j);
+    stg_raw(reinterpret_cast<typename Pack<T, V>::Raw*>(o + head + vi * V), pk.raw);
+  }
+  if (tail + lane < n) o[tail + lane] = get(tail + lane);
+}
+
+// One warp per output row (n, c, padded d, padded h) of Wp elements, for rows of at least 32 elements: the source
+// row is read in 16-byte vectors (after its first unaligned elements), normalized into a per-warp stage in shared
+// memory, and written shifted by the left padding in 16-byte vectors where the output row's alignment allows. The
+// flat kernel above moves 2-byte elements one per thread and request.
+template <typename T, int Pw, bool Replicate>
+__global__ void __launch_bounds__(kPadThreads)
+    affine_pad_rows_kernel(const T* __restrict__ x, T* __restrict__ out, const float4* __restrict__ coef, PadShape s,
+                           PwArgs pw, float value) {
+  pdl_wait();  // launch_dependent: coef is written
+  constexpr int V = 16 / sizeof(T), S = 32 * V, kWarps = kPadThreads / 32;
+  __shared__ T stage[kWarps][kPadRowSegs * S];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T* st = stage[warp];
+  const int W = static_cast<int>(s.W), Wp = static_cast<int>(s.Wp), wl = s.wl, wr = Wp - wl - W;
+  const T cval = static_cast<T>(value);
+  const int64_t rows = s.NC * s.Dp * s.Hp;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t q = r / s.Hp, nc = q / s.Dp;
+    const int h = src_index<Replicate>(static_cast<int>(r - q * s.Hp), s.ht, static_cast<int>(s.H));
+    const int d = src_index<Replicate>(static_cast<int>(q - nc * s.Dp), s.fd, static_cast<int>(s.D));
+    T* orow = out + r * s.Wp;
+    if (d < 0 || h < 0) {  // constant padding: a row of the pad value
+      warp_store_run(orow, Wp, lane, [&](int) { return cval; });
+      continue;
+    }
+    const T* xrow = x + ((nc * s.D + d) * s.H + h) * s.W;
+    const float4 k = coef[nc];
+    const float pc = pw_channel<false, Pw>(pw, nc % s.C);
+    auto f = [&](T v) { return static_cast<T>(pw_affine<false, Pw>(k, to_float(v), 0.f, pc)); };
+    // The halo: copies of the row's first and last elements, or the pad value.
+    for (int i = lane; i < wl + wr; i += 32) {
+      const bool left = i < wl;
+      orow[left ? i : W + i] = Replicate ? f(xrow[left ? 0 : W - 1]) : cval;
+    }
+    const int a0 = to_aligned16(xrow, W);  // source elements before the first 16-byte boundary
+    if (lane < a0) orow[wl + lane] = f(xrow[lane]);
+    for (int s0 = a0; s0 < W; s0 += kPadRowSegs * S) {
+      const int n = min(kPadRowSegs * S, W - s0);
+      typename Pack<T, V>::Raw raw[kPadRowSegs];
+#pragma unroll
+      for (int u = 0; u < kPadRowSegs; ++u) {  // every whole vector of the trip in flight before any use
+        const int e0 = (u * 32 + lane) * V;
+        if (e0 + V <= n) raw[u] = ldg_raw(reinterpret_cast<const typename Pack<T, V>::Raw*>(xrow + s0 + e0));
+      }
+#pragma unroll
+      for (int u = 0; u < kPadRowSegs; ++u) {
+        const int e0 = (u * 32 + lane) * V;
+        if (e0 + V <= n) {
+          Pack<T, V> pk;
+          pk.raw = raw[u];
+#pragma unroll
+          for (int j = 0; j < V; ++j) st[e0 + j] = f(pk.v[j]);
+        } else {
+          for (int j = 0; e0 + j < n; ++j) st[e0 + j] = f(xrow[s0 + e0 + j]);
+        }
+      }
+      __syncwarp();
+      warp_store_run(orow + wl + s0, n, lane, [&](int i) { return st[i]; });
+      __syncwarp();
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, void* out, const float* coef,
@@ -95,6 +184,17 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
           return launch_dependent(kernel, grid, dim3(kPadThreads), 0, stream, static_cast<const T*>(x),
                                   static_cast<T*>(out), reinterpret_cast<const float4*>(coef), s, wp_div, pw, value);
         };
+        if (s.W >= kPadRowsMinW) {
+          // Persistent warps: up to 16 CTAs of 8 row-walking warps per SM.
+          const int64_t rows = planes * s.Hp;
+          const dim3 rgrid(static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, int64_t{16} * sm_count)));
+          auto rows_go = [&](auto kernel) {
+            return launch_dependent(kernel, rgrid, dim3(kPadThreads), 0, stream, static_cast<const T*>(x),
+                                    static_cast<T*>(out), reinterpret_cast<const float4*>(coef), s, pw, value);
+          };
+          return replicate ? rows_go(affine_pad_rows_kernel<T, P, true>)
+                           : rows_go(affine_pad_rows_kernel<T, P, false>);
+        }
         return replicate ? go(affine_pad_kernel<T, P, true>) : go(affine_pad_kernel<T, P, false>);
       }
     });
