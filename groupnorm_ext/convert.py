@@ -260,7 +260,7 @@ class _PaddedGroupNormAct(_GatedGroupNormAct):
         for k in range(len(pad) // 2):
             d = padded.dim() - 1 - k
             y = y.narrow(d, pad[2 * k], input.shape[d])
-        y._gnext_padded_for = self.__dict__["_pad_target"]
+        setattr(y, "_gnext_padded_for", self.__dict__["_pad_target"])
         return self.__dict__["_gate"].announce(y)
 
 
@@ -330,8 +330,8 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
     mode = _ConsumerMode(stack)
     norms = [m for m in module.modules() if _plain_group_norm(m)]
     acts = {id(m) for m in module.modules() if _activation_name(m) is not None}
-    children = {}  # padder module -> the child that took its padded tensor, None where that differed
-    returned = {}  # padder module -> whether each of its calls that padded returned that child's output
+    children: dict[nn.Module, nn.Module | None] = {}  # padder -> the child that took its padded tensor (None: varied)
+    returned: dict[nn.Module, bool] = {}  # padder -> whether each of its padding calls returned that child's output
     handles = []
 
     def push(m, inputs):

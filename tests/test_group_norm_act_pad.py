@@ -308,3 +308,19 @@ def test_diffusers_hunyuan_video_decoder_padded(device):
     assert counts["pad_into_conv"] == counts["group_norm_act"] > 0, counts
     assert n_after == n_before - counts["pad_into_conv"]
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_converted_padded_model_compiles_without_breaks():
+    """Under torch.compile the padded norms and their padding modules take their unpadded paths (a tensor attribute
+    set in compiled code would break the graph): fullgraph=True traces, and the result equals the original's."""
+    torch.manual_seed(3)
+    model = nn.Sequential(Block(), Block()).eval()
+    x = torch.randn(1, 16, 3, 9, 10)
+    with torch.no_grad():
+        ref = model(x)
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(model), example_inputs=(x,), return_counts=True)
+    assert counts["pad_into_conv"] == 4
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(conv, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
