@@ -277,8 +277,9 @@ class _ConsumerMode(TorchFunctionMode):
     """Records, for every watched tensor (a GroupNorm's output), the ops that take it: (activation module, its
     function) when the innermost running module is that activation, else "other". For the padded form it also
     follows the activation's output: the uses of each norm's activated output are recorded in `pads` as (module
-    that ran F.pad on it, pad, mode, value), or "other" (an identity dropout passes it on unchanged); the padded
-    tensor must then go only into one direct child of that module (`pad_outs` -> `pad_child`)."""
+    that ran F.pad on it, pad, mode, value), or "other" (an identity dropout passes it on unchanged); an op on the
+    padded tensor (`pad_outs`) outside the direct child of that module that took it (marked by
+    _fuse_traced_pairs's hooks) is "other" too."""
 
     def __init__(self, stack: list):
         super().__init__()
