@@ -197,10 +197,9 @@ def group_norm_act_pad(
     pad = [int(p) for p in pad]
     if input.dtype == torch.float64:  # ATen's ops, as group_norm
         act = _cpu.parse_activation("gnext.group_norm_act_pad", activation)
-        out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
         _pad_op.check_pad_args("gnext.group_norm_act_pad", input, pad, mode)
-        return (_pad_op._replicate(out, pad) if mode == "replicate"
-                else torch.nn.functional.pad(out, pad, value=value)).contiguous()
+        out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
+        return _pad_op.pad_output(out, pad, mode, value)
     return _group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value)
 
 

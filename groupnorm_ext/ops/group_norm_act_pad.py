@@ -51,6 +51,12 @@ def _replicate(y, pad):
     return y
 
 
+def pad_output(y, pad, mode, value):
+    """F.pad(y, pad, mode, value), contiguous: the op's result from act(group_norm(x)) (CPU kernel, float64 path)."""
+    out = _replicate(y, pad) if mode == "replicate" else torch.nn.functional.pad(y, pad, value=float(value))
+    return out.contiguous()
+
+
 def unpad_grad(grad, pad, mode):
     """The gradient of the unpadded tensor from that of F.pad(., pad, mode): the interior, plus (replicate) the sums
     over each halo added onto the edge it copies."""
@@ -83,10 +89,7 @@ def group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mo
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_pad_args(op, input, pad, mode)
     n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
-    y = apply_act(n, act)
-    pad = [int(p) for p in pad]
-    out = _replicate(y, pad) if mode == "replicate" else torch.nn.functional.pad(y, pad, value=float(value))
-    return out.contiguous(), mean, rstd
+    return pad_output(apply_act(n, act), [int(p) for p in pad], mode, value), mean, rstd
 
 
 # group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value) -> (out, mean, rstd)
