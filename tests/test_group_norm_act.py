@@ -211,6 +211,81 @@ def test_bulk_forward_teams(act, teams, chunk, tuning):
             _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=23)
 
 
+# The channels_last bulk forward's shapes: (shape, G, residual, affine); per dtype, rows of C / V 16-byte vectors
+# fewer than 32 (lanes share a channel vector) and 32-128 (1, 2 or 4 slots per lane), vectors in one group (D / V
+# vectors per group: 1 to 16) or two (2 D = V), G = 1, odd maps, and a 5-D channels_last_3d map.
+BULK_NHWC_CASES = [
+    ((2, 64, 40, 40), 8, True, True),     # fp32: CV 16, 2 vectors per group; 16-bit: CV 8, 1
+    ((1, 512, 24, 20), 32, False, True),  # fp32: CV 128, 4 slots per lane; 16-bit: CV 64, 2 slots
+    ((3, 256, 9, 11), 32, True, False),   # fp32: CV 64; 16-bit: CV 32; 99-pixel images, 32 images over 3 teams
+    ((2, 128, 16, 16), 32, True, True),   # D = 4: fp32 one group per vector; 16-bit two halves per vector
+    ((2, 64, 20, 20), 1, False, True),    # G = 1: the whole row one group
+    ((2, 128, 3, 10, 12), 16, True, True),  # channels_last_3d
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["identity", "silu", "gelu", "tanh_hardswish"])
+@pytest.mark.parametrize("ahead,hold,teams", [("1", None, ""), ("2", None, "3"), ("1", "2", ""), ("2", "0", "2")],
+                         ids=["held-ahead1", "held-ahead2-teams3", "streamed-hold2", "streamed-hold0-teams2"])
+@pytest.mark.parametrize("chunk", ["4096", "16384"])
+def test_bulk_nhwc_forward(act, ahead, hold, teams, chunk, tuning):
+    """The channels_last bulk forward (forced: GNEXT_BULK_NHWC=2, GNEXT_ONEPASS=0; sm_90+): images as units, every
+    chunk held at look-ahead 1 and 2 and streamed (2 or no chunks of a slice held), one team and teams of CTAs (more
+    images than teams, and fewer), 4 KiB and 16 KiB copies (4 parts, parts past an image's end), every epilogue,
+    with and without a residual and affine; output and gradients against float64. Each forward plan is checked to
+    be this kernel in that mode."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    tuning.set("GNEXT_ONEPASS", "0")
+    tuning.set("GNEXT_BULK_NHWC", "2")
+    tuning.set("GNEXT_BULK_AHEAD", ahead)
+    tuning.set("GNEXT_BULK_CHUNK", chunk)
+    tuning.set("GNEXT_BULK_TEAMS", teams)
+    if hold is not None:
+        tuning.set("GNEXT_BULK_HOLD", hold)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for shape, G, with_res, affine in BULK_NHWC_CASES:
+            hxw = 1
+            for d in shape[2:]:
+                hxw *= d
+            text = _C._plan((shape[0], shape[1], G, hxw), torch.empty((), dtype=dtype).element_size(), True,
+                            groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
+            plan = text.split("forward: ")[1].split("backward: ")[0]
+            assert plan.startswith("bulk channels_last") and ("streamed: " in plan) == (hold is not None), text
+            assert f"of {chunk} B" in plan and (not teams or f"{teams} teams of {sms // int(teams)}" in plan), text
+            fmt = CL if len(shape) == 4 else torch.channels_last_3d
+            _check("cuda", dtype, fmt, shape, G, act, with_res=with_res, affine=affine, seed=41)
+
+
+@pytest.mark.gpu
+def test_bulk_nhwc_forward_deterministic_and_large_mean(tuning):
+    """The channels_last bulk forward by the rule on a 16x512x64x64 bf16 map (sm_90+): one launch, bitwise the same
+    run to run, equal to the two-pass kernels' statistics; float32 at mean 1e4, std 1 within the two-pass error."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    gen = torch.Generator().manual_seed(5)
+    x = rand_input((16, 512, 64, 64), torch.bfloat16, "cuda", memory_format=CL, gen=gen)
+    w = (torch.rand(512, generator=gen) + 0.5).cuda()
+    b = torch.randn(512, generator=gen).cuda()
+    tuning.set("GNEXT_BULK_NHWC", "2")
+    tuning.set("GNEXT_ONEPASS", "0")
+    outs = [torch.ops.gnext.group_norm(x, 32, w, b, 1e-5) for _ in range(3)]
+    assert all(torch.equal(o[k], outs[0][k]) for o in outs for k in range(3))
+    tuning.set("GNEXT_BULK_NHWC", "0")
+    two = torch.ops.gnext.group_norm(x, 32, w, b, 1e-5)
+    torch.testing.assert_close(outs[0][1], two[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[0][2], two[2], rtol=1e-4, atol=0)
+    xf = (torch.randn((2, 256, 48, 48), generator=gen) + 1e4).cuda().to(memory_format=CL)
+    errs = {}
+    for knob in ("2", "0"):
+        tuning.set("GNEXT_BULK_NHWC", knob)
+        y = torch.ops.gnext.group_norm(xf, 32, None, None, 1e-5)[0]
+        errs[knob] = rel_err(y.cpu(), F.group_norm(xf.cpu().double(), 32, eps=1e-5))
+    assert errs["2"] <= 2 * errs["0"] + 1e-6, errs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "tanh_hardswish"])
 @pytest.mark.parametrize("ahead,hold", [("0", None), ("2", None), ("1", "2"), ("2", "0")],

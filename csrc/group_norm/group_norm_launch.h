@@ -193,9 +193,30 @@ struct BulkGeometry {
   int parts;      // forward: consumer warps per chunk, 1, 2 or 4 (4 KiB each; divides consumers); backward: 1
   unsigned team;  // CTAs per team (divides grid): team t of the forward takes groups t, t + grid / team, ...;
                   // backward: grid (one team)
+  size_t header = kBulkHeader;  // bytes before the ring: kBulkHeader, or bulk_nhwc_header_bytes
 };
 cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
                                 cudaStream_t stream);
+// Channels_last bulk forward (bulk_nhwc_forward_kernel): images as units of HxW * C elements, the same ring,
+// teams and warps, with per-group statistics. Rows of C / V vectors, a power of two of at most 32 * kBulkNhwcMaxSlots
+// (a row within a 4 KiB part); each vector in one group (C / G a multiple of V, C / G / V a power of two <= 32) or in
+// two (2 C / G == V); G <= kBulkNhwcMaxG; consumers a multiple of parts * max(1, C / V / 32). Takes the forward's
+// arguments; partial: N*team*G Welford states, counters: N (zero).
+constexpr int kBulkNhwcMaxG = 64;
+constexpr int kBulkNhwcMaxSlots = 8;
+// Two merger warps: every CTA merges the team's partials of every group (132 x G states on an H100); with one warp
+// that chain of L2 loads set the pace.
+constexpr int kBulkNhwcMergers = 2;
+constexpr int kBulkNhwcThreads = (kBulkMaxConsumers + 2 + kBulkNhwcMergers) * 32;
+// Its header: the barriers (at most kBulkMaxStages stages, and two `taken` barriers), the consumer warps' per-group
+// states in two slots, and per slot the groups' (mean, rstd).
+constexpr size_t kBulkNhwcBarrierBytes = 8 * (2 * static_cast<size_t>(kBulkMaxStages) + 2 * kBulkSlots + 2);
+constexpr size_t bulk_nhwc_header_bytes(int consumers, int64_t G) {
+  return (kBulkNhwcBarrierBytes + 2 * static_cast<size_t>(consumers) * static_cast<size_t>(G) * 12 +
+          kBulkSlots * static_cast<size_t>(G) * 8 + 127) / 128 * 128;
+}
+cudaError_t launch_bulk_nhwc_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
+                                     cudaStream_t stream);
 // Bulk backward: takes OnePassArgs' x, dy, out (dx), gamma, beta (with an output activation), wt, mean, rstd,
 // partial (N*G*grid float4: sums of the slice's first and second channel), dsum ((N, C) float2, or null), counters
 // (N*G, zero) and pw (output activation; no prologue). Needs slices of at most HxW elements.

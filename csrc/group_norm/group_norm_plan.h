@@ -6,7 +6,8 @@
 // launches, and `python -m groupnorm_ext --plan` prints the same plans for any device.
 //
 // Choice order, forward: layout (NHWC for channels_last when its shared memory fits) -> small-group kernel
-// (groups of <= 4 KB in registers) -> bulk (NCHW groups of a few MB streamed through shared memory, sm_90+) ->
+// (groups of <= 4 KB in registers) -> bulk (NCHW groups of a few MB streamed through shared memory, sm_90+; NHWC
+// images whose slices shared memory holds) ->
 // one-pass (groups held in shared memory across a persistent grid) -> wide (one CTA per SM holding a slice of
 // each large group; NCHW, or channels_last single images) -> two-pass (reduce, finalize, elementwise). Backward: small-group -> layout -> bulk -> one-pass -> wide -> two-pass.
 //
@@ -56,7 +57,7 @@ struct Request {
   bool need_dx = true;     // backward: grad_input wanted
 };
 
-enum class Kernel : int { kSmall, kBulk, kOnePass, kWide, kWideNhwc, kTwoPass };
+enum class Kernel : int { kSmall, kBulk, kBulkNhwc, kOnePass, kWide, kWideNhwc, kTwoPass };
 
 struct Plan {
   Kernel kernel = Kernel::kTwoPass;
@@ -601,8 +602,9 @@ inline int bulk_teams(int64_t group_chunks, int64_t groups, int64_t cap, int sms
 // streamed, hold 24 (56 - 2 x 24 = 8 stages for the 8 streamed chunks), 4.1 MiB of each group read again from L2.
 // 1x128x1024x1024 fp16 backward: 16 chunks of x and dy per CTA, (232448 - 2560) / 8192 -> 28 stages; 2 x 16 + 4 > 28:
 // streamed, hold 10 (8 stages for the 6 streamed chunks), 6.2 MiB of each group read again.
+// header: the bytes before the ring (the channels_last forward's is larger: bulk_nhwc_header_bytes).
 inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request& r, bool bwd, const Device& d,
-                                                 const Tuning& t) {
+                                                 const Tuning& t, size_t header = kBulkHeader) {
   const int64_t esize = r.esize, L = p.D * p.HxW;
   const bool contiguous = bwd ? r.flat && r.need_dx : r.contiguous;
   if ((bwd ? t.bulk_bwd : t.bulk) == 0 || r.prologue || !contiguous || d.major < 9 ||
@@ -617,7 +619,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   if (!bwd && fast && t.bulk_chunk <= 0) {
     Tuning four = t;
     four.bulk_chunk = kBulkChunk;
-    if (const auto g4 = bulk_geometry(p, r, false, d, four); g4 && g4->team != g4->grid) return g4;
+    if (const auto g4 = bulk_geometry(p, r, false, d, four, header); g4 && g4->team != g4->grid) return g4;
   }
   g.chunk = bwd ? kBulkChunk : t.bulk_chunk > 0 ? t.bulk_chunk : fast ? kBulkChunkFast : kBulkChunk;
   // The producer counts stages up only in the H200's forward: the H100 measured 5-8% slower that way, and the H200's
@@ -627,7 +629,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   if (g.chunk % kBulkChunk != 0 || !bulk_parts_compiled(g.parts) || g.consumers % g.parts != 0) return std::nullopt;
   const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * g.chunk;
   g.stages = static_cast<int>(std::min<int64_t>(
-      kBulkMaxStages, (d.smem_per_block - static_cast<int64_t>(kBulkHeader)) / stage_bytes));
+      kBulkMaxStages, (d.smem_per_block - static_cast<int64_t>(header)) / stage_bytes));
   const int spare = std::max(1, kBulkSpareStages * kBulkChunk / g.chunk);
   const int64_t group_chunks = ceil_div(L * esize, g.chunk);
   const int teams = bwd || (fast && g.chunk != kBulkChunk && t.bulk_teams < 1)
@@ -637,7 +639,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   g.team = static_cast<unsigned>(d.sms / teams), g.grid = g.team * static_cast<unsigned>(teams);
   const int64_t cnt = ceil_div(group_chunks, int64_t{g.team});  // chunks per slice, at most
   if (bwd && (cnt * (g.chunk / esize) > p.HxW || d.sms > kBulkMaxGridBwd)) return std::nullopt;
-  if (bulk_header_bytes(g.stages, g.consumers, bwd) > kBulkHeader) return std::nullopt;
+  if (header == kBulkHeader && bulk_header_bytes(g.stages, g.consumers, bwd) > kBulkHeader) return std::nullopt;
   const int lowest = bwd ? 0 : 1;
   const int want = t.bulk_ahead >= 0 ? std::clamp(t.bulk_ahead, lowest, kBulkSlots - 2)
                    : fast && !bwd    ? kBulkAheadFast
@@ -661,13 +663,14 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
     if (g.hold < 0) return std::nullopt;
   }
   if (g.ahead < 0) return std::nullopt;
-  g.smem = kBulkHeader + static_cast<size_t>(g.stages * stage_bytes);
+  g.header = header;
+  g.smem = header + static_cast<size_t>(g.stages * stage_bytes);
   if ((bwd ? t.bulk_bwd : t.bulk) == 2) return g;
   if (cnt * g.parts < (bwd ? kBulkMinChunksBwd : kBulkMinChunks)) return std::nullopt;
   if (fast && !bwd && g.stream && g.chunk == kBulkChunkFast && t.bulk_chunk <= 0) {
     Tuning half = t;
     half.bulk_chunk = kBulkChunkStreamFast;
-    return bulk_geometry(p, r, bwd, d, half);
+    return bulk_geometry(p, r, bwd, d, half, header);
   }
   if (fast && (bwd ? r.act != kActIdentity && r.act != kActRelu && (r.act != kActSilu || esize < 4)
                    : teams == 1 &&
@@ -682,6 +685,50 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   if (bwd && r.act != kActIdentity && r.act != kActRelu && r.act != kActSilu &&
       (r.act != kActGelu || g.stream || esize < 4))
     return std::nullopt;
+  return g;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Channels_last bulk forward (group_norm_bulk_nhwc.cuh, sm_90+): the bulk forward with images as units (HxW * C
+// contiguous elements holding every group), per-group statistics. The slots M of a row (max(1, CV / 32) of its CV =
+// C / V vectors: a consumer warp takes one slot, i.e. every M-th 32 vectors of a part), or 0 where the kernel does not
+// take the shape: CV a power of two of at most 32 * kBulkNhwcMaxSlots (rows divide a 4 KiB part, so every lane sees
+// the same channel vector in every row), each vector in one group (D a multiple of V, D / V a power of two <= 32) or
+// in two (2 D = V), G <= kBulkNhwcMaxG.
+// Example: C = 512 bf16, G = 32: CV = 64, M = 2 (warps 0, 2, ... take channels 0-255, warps 1, 3, ... 256-511), D =
+// 16, 2 vectors per group.
+inline int bulk_nhwc_slots(const Problem& p, int64_t esize) {
+  const int64_t V = 16 / esize;
+  if (p.C % V != 0 || p.G > kBulkNhwcMaxG || p.G < 1) return 0;
+  const int64_t CV = p.C / V, M = std::max<int64_t>(1, CV / 32);
+  const auto pow2 = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
+  if (!pow2(CV) || M > kBulkNhwcMaxSlots) return 0;
+  if (p.D % V == 0 ? !pow2(p.D / V) || p.D / V > 32 : 2 * p.D != V) return 0;
+  return static_cast<int>(M);
+}
+// The geometry is the NCHW forward's (bulk_geometry) for N units of HxW * C elements, with the larger header; knob
+// GNEXT_BULK_NHWC (2: wherever it fits).
+// Example: 32x256x32x32 bf16 channels_last, H100: 512 KiB images = 128 chunks of 4 KiB; (232448 - 15104) / 4096 -> 53
+// stages, (53 - 4) / 3 = 16 chunks a slice at look-ahead 2: teams of 8 CTAs, 16 teams. 16x512x128x128 bf16: 16 MiB
+// images, 32 chunks per CTA, streamed: not taken (two-pass).
+constexpr int64_t kBulkNhwcMaxImageBytes = int64_t{2} << 20;
+inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Request& r, const Device& d,
+                                                      const Tuning& t) {
+  const int M = bulk_nhwc_slots(p, r.esize);
+  if (t.bulk_nhwc == 0 || r.prologue || !r.aligned || d.major < 9 || M == 0) return std::nullopt;
+  const Problem units{p.N, 1, 1, 1, p.HxW * p.C};
+  Request ru = r;
+  ru.contiguous = true;
+  Tuning tu = t;
+  tu.bulk = t.bulk_nhwc;
+  const int consumers = std::clamp(t.bulk_consumers, 1, kBulkMaxConsumers);
+  const auto g = bulk_geometry(units, ru, false, d, tu, bulk_nhwc_header_bytes(consumers, p.G));
+  if (!g || g->consumers % (g->parts * M) != 0) return std::nullopt;
+  if (t.bulk_nhwc == 2) return g;
+  // Images of at most kBulkNhwcMaxImageBytes: 0.5-2 MiB images measured 1.07-1.42x faster than the one-pass and
+  // two-pass kernels; 4 MiB 16-bit images 0.94-1.11x, 9.4 MiB ones 1.24-1.34x slower, streamed 16 MiB ones
+  // 1.09-1.33x slower (docs/decisions/bulk.md#channels_last-images-as-units-again).
+  if (g->stream || p.HxW * p.C * r.esize > kBulkNhwcMaxImageBytes) return std::nullopt;
   return g;
 }
 
@@ -721,6 +768,13 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
                        "TB/s: 8 KiB copies where 16 KiB ones would read too much again), by bulk asynchronous copies"
                      : "bulk: held slices of >= 64 KiB per SM in 16 KiB copies at look-ahead 2 (>= 3.8 TB/s), "
                        "copied once into shared memory by bulk asynchronous copies";
+      return plan;
+    }
+  if (plan.nhwc)
+    if (const auto g = bulk_nhwc_geometry(p, r, d, t)) {
+      plan.kernel = Kernel::kBulkNhwc, plan.bulk = *g;
+      plan.why = "bulk channels_last: images of <= 2 MiB as units, teams of CTAs whose slices the ring holds, copied "
+                 "once into shared memory by bulk asynchronous copies, per-group statistics";
       return plan;
     }
   if (onepass_allows(r, plan.nhwc))

@@ -31,6 +31,7 @@ const char* kernel_name(gn::Kernel k) {
   switch (k) {
     case gn::Kernel::kSmall: return "small-group";
     case gn::Kernel::kBulk: return "bulk";
+    case gn::Kernel::kBulkNhwc: return "bulk channels_last";
     case gn::Kernel::kOnePass: return "one-pass";
     case gn::Kernel::kWide: return "wide";
     case gn::Kernel::kWideNhwc: return "wide channels_last";
@@ -53,15 +54,18 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
                g.kreg);
       break;
     }
-    case gn::Kernel::kBulk: {
+    case gn::Kernel::kBulk:
+    case gn::Kernel::kBulkNhwc: {
       const auto& g = pl.bulk;
       s += fmt("  grid %u persistent CTAs x %d threads (%d consumer warps, producer, publisher, merger), %zu B shared "
-               "memory; ring of %d %s of %d B (%d part(s) of 4 KiB, a consumer warp each), look-ahead %d group(s); "
+               "memory; ring of %d %s of %d B (%d part(s) of 4 KiB, a consumer warp each), look-ahead %d %s; "
                "producer %s\n",
-               g.grid, (g.consumers + 3) * 32, g.consumers, g.smem, g.stages, bwd ? "stages, x and dy chunks" : "chunks",
-               g.chunk, g.parts, g.ahead, g.per_chunk || g.stream ? "per chunk" : "counts stages up");
+               g.grid, (g.consumers + (pl.kernel == gn::Kernel::kBulkNhwc ? 2 + gn::kBulkNhwcMergers : 3)) * 32,
+               g.consumers, g.smem, g.stages, bwd ? "stages, x and dy chunks" : "chunks",
+               g.chunk, g.parts, g.ahead, pl.kernel == gn::Kernel::kBulkNhwc ? "image(s)" : "group(s)", g.per_chunk || g.stream ? "per chunk" : "counts stages up");
       if (g.team != g.grid)
-        s += fmt("  %u teams of %u CTAs: team t takes groups t, t + %u, ...\n", g.grid / g.team, g.team, g.grid / g.team);
+        s += fmt("  %u teams of %u CTAs: team t takes %s t, t + %u, ...\n", g.grid / g.team, g.team,
+                 pl.kernel == gn::Kernel::kBulkNhwc ? "images" : "groups", g.grid / g.team);
       if (g.stream)
         s += fmt("  streamed: %d chunks of each slice held in shared memory, the rest read again from L2\n",
                  g.hold);

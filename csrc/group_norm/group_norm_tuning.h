@@ -21,6 +21,7 @@ struct Tuning {
   int bulk_hold = kRule;       // bulk, streamed: chunks of a slice kept in shared memory, the rest read again from L2
   int bulk_pace = kRule;       // bulk producer: 0 counts stages up, 1 computes each chunk's stage; rule: 0 only for the forward >= 3.8 TB/s
   int bulk_chunk = kRule;      // bulk forward copy bytes, 4096, 8192 or 16384 (4 KiB per consumer warp)
+  int bulk_nhwc = 1;           // channels_last bulk forward (sm_90+): 0 never, 1 the rule, 2 wherever it fits
   int bulk_teams = kRule;      // bulk forward teams of CTAs, each on its own groups: 1 one team; rule: the fewest whose slices are long enough
   int onepass = 1;             // 0: never the one-pass kernels; 1: the rule; 2: wherever they fit
   int onepass_ctas = kRule;    // one-pass CTAs per SM (1-4); rule: 2, or 4 for many small NCHW groups
@@ -59,6 +60,7 @@ inline constexpr TuningField kTuningFields[] = {
     {"GNEXT_BULK_PACE", &Tuning::bulk_pace, "bulk producer loop: 0 counts stages up, 1 computes each chunk's stage before its wait (rule: 0 only for the forward on >= 3.8 TB/s)"},
     {"GNEXT_BULK_CHUNK", &Tuning::bulk_chunk, "bulk forward copy size in bytes, 4096, 8192 or 16384: a consumer warp per 4 KiB (rule: 16384 on >= 3.8 TB/s, 8192 there for streamed slices, else 4096)"},
     {"GNEXT_BULK_TEAMS", &Tuning::bulk_teams, "bulk forward: teams of CTAs, each on its own groups (1: one team of every CTA; rule: the fewest teams of >= 4 CTAs whose slices reach the bulk forward's length, where one team's do not)"},
+    {"GNEXT_BULK_NHWC", &Tuning::bulk_nhwc, "channels_last bulk forward (sm_90+): 0 never, 1 rule, 2 wherever it fits"},
     {"GNEXT_ONEPASS", &Tuning::onepass, "one-pass kernels: 0 never, 1 rule, 2 wherever they fit"},
     {"GNEXT_ONEPASS_CTAS", &Tuning::onepass_ctas, "one-pass CTAs per SM, 1-4 (rule: 2; 4 for many small groups)"},
     {"GNEXT_ONEPASS_NBUF", &Tuning::onepass_nbuf, "one-pass shared-memory stages, 2-4"},
