@@ -102,6 +102,26 @@ gn::Request request_of(const Tensor& x, const Pointwise& pro) {
   return r;
 }
 
+// The two-pass statistics of x (reduction, then finalize): mean and rstd, and the (n, c) coefficients of the
+// elementwise pass in `coef`, a slice of `ws` (alive until that pass is enqueued). pw: the reduction's prologue.
+struct TwoPassStats {
+  Scratch ws;
+  float* coef = nullptr;
+};
+TwoPassStats two_pass_stats(ScalarKind t, const Problem& p, const gn::ReduceGeometry& rg, const Tensor& x,
+                            const gn::PwArgs& pw, const OptTensor& w, const OptTensor& b, const Tensor& mean,
+                            const Tensor& rstd, double eps, cudaStream_t stream) {
+  const int64_t n_partial = p.N * p.C * rg.K * 3, n_coef = p.N * p.C * 4;
+  TwoPassStats st{scratch(x, scratch_floats({n_partial, n_coef}), stream)};
+  float* partial = st.ws.take(n_partial);
+  st.coef = st.ws.take(n_coef);
+  GNEXT_CUDA_CHECK(gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial, pw, stream));
+  GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), p, partial_layout(p, rg),
+                                             partial, ptr_or_null(w), ptr_or_null(b), ptr<float>(mean),
+                                             ptr<float>(rstd), st.coef, static_cast<float>(eps), nullptr, stream));
+  return st;
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
@@ -180,20 +200,12 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
     case Kernel::kTwoPass:
       break;
   }
-  const gn::ReduceGeometry& rg = plan.reduce;
-  const int64_t n_partial = s.N * s.C * rg.K * 3, n_coef = s.N * s.C * 4;
-  Scratch ws = scratch(x, scratch_floats({n_partial, n_coef}), stream);
-  float* partial = ws.take(n_partial);
-  float* coef = ws.take(n_coef);
-  GNEXT_CUDA_CHECK(gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial, pw, stream));
-  GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), p, partial_layout(p, rg),
-                                             partial, ptr_or_null(w), ptr_or_null(b), ptr<float>(mean),
-                                             ptr<float>(rstd), coef, static_cast<float>(eps), nullptr, stream));
+  const TwoPassStats st = two_pass_stats(t, p, plan.reduce, x, pw, w, b, mean, rstd, eps, stream);
   AffineGeometry ag = plan.affine;
   gn::PwArgs pw_out = pw;
   const bool copy_nchw = nhwc_out_nchw && !plan_out_nchw(ag, pw_out, nhwc_out_nchw, pro, p, x.element_size());
   const Tensor yk = copy_nchw ? empty_as(x, group_norm_memory_format(x)) : y;
-  GNEXT_CUDA_CHECK(gn::launch_affine(false, t, p, ag, x.data_ptr(), nullptr, yk.data_ptr(), coef, pw_out, stream));
+  GNEXT_CUDA_CHECK(gn::launch_affine(false, t, p, ag, x.data_ptr(), nullptr, yk.data_ptr(), st.coef, pw_out, stream));
   if (y_copy) copy_into(out, y);
   if (copy_nchw) copy_into(out, yk);
   return {out, mean, rstd};
@@ -437,17 +449,9 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
   gn::Request req = request_of(x, Pointwise{});
   req.aligned = aligned16({x.data_ptr()});
   const Plan plan = gn::plan_stats(s, req, plan_device(), gn::tuning());
-  const gn::ReduceGeometry& rg = plan.reduce;
   const cudaStream_t stream = current_stream(x);
-  const int64_t n_partial = s.N * s.C * rg.K * 3, n_coef = s.N * s.C * 4;
-  Scratch ws = scratch(x, scratch_floats({n_partial, n_coef}), stream);
-  float* partial = ws.take(n_partial);
-  float* coef = ws.take(n_coef);
   const ScalarKind t = scalar_kind(input.scalar_type());
-  GNEXT_CUDA_CHECK(gn::launch_reduce(false, t, s, rg, x.data_ptr(), nullptr, nullptr, partial, gn::PwArgs{}, stream));
-  GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), s, partial_layout(s, rg), partial,
-                                             ptr_or_null(w), ptr_or_null(b), ptr<float>(mean), ptr<float>(rstd), coef,
-                                             static_cast<float>(eps), nullptr, stream));
+  const TwoPassStats st = two_pass_stats(t, s, plan.reduce, x, gn::PwArgs{}, w, b, mean, rstd, eps, stream);
   // (NC, D, H, W) of x and out, the spatial dims right-aligned (a 4-D input has D = 1).
   const int64_t sd = input.dim() - 2;
   int64_t in[3] = {1, 1, 1}, op_[3] = {1, 1, 1};
@@ -459,7 +463,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
   for (size_t k = 0; k < pad.size() / 2; ++k) lo[2 - k] = static_cast<int>(pad[2 * k]);
   gn::PadShape ps{s.N * s.C, s.C, in[0], in[1], in[2], op_[0], op_[1], op_[2], lo[0], lo[1], lo[2]};
   gn::PwArgs pw = pw_args(pro, Tensor(), nullptr, w, b);
-  GNEXT_CUDA_CHECK(gn::launch_affine_pad(t, ps, x.data_ptr(), out.data_ptr(), coef, pw, replicate,
+  GNEXT_CUDA_CHECK(gn::launch_affine_pad(t, ps, x.data_ptr(), out.data_ptr(), st.coef, pw, replicate,
                                        static_cast<float>(value), plan_device().sms, stream));
   return {out, mean, rstd};
 }

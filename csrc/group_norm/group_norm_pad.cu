@@ -166,12 +166,16 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
   if (planes <= 0 || plane_len <= 0) return cudaSuccess;
   if (plane_len >= (int64_t{1} << 31) || s.Wp >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   if (pw_pre(pw.mode) != kPreNone || pw.residual != nullptr) return cudaErrorInvalidValue;
-  const int64_t per_trip = kPadThreads * kPadUnroll;
-  // One trip per thread where the grid stays within ~16 waves of 8 CTAs per SM; longer planes loop.
-  const int64_t per_plane = (plane_len + per_trip - 1) / per_trip;
-  const int64_t ys = std::min<int64_t>(planes, 65535);
-  const int64_t cap = std::max<int64_t>(1, int64_t{16} * 8 * sm_count / ys);
-  const dim3 grid(static_cast<unsigned>(std::min(per_plane, std::max<int64_t>(cap, 1))), static_cast<unsigned>(ys));
+  const bool by_rows = s.W >= kPadRowsMinW;
+  dim3 grid;
+  if (by_rows) {  // persistent warps: up to 16 CTAs of 8 row-walking warps per SM
+    grid = dim3(static_cast<unsigned>(std::min<int64_t>((planes * s.Hp + 7) / 8, int64_t{16} * sm_count)));
+  } else {  // one trip per thread where the grid stays within ~16 waves of 8 CTAs per SM; longer planes loop
+    const int64_t per_plane = (plane_len + kPadThreads * kPadUnroll - 1) / (kPadThreads * kPadUnroll);
+    const int64_t ys = std::min<int64_t>(planes, 65535);
+    const int64_t cap = std::max<int64_t>(1, int64_t{16} * 8 * sm_count / ys);
+    grid = dim3(static_cast<unsigned>(std::min(per_plane, cap)), static_cast<unsigned>(ys));
+  }
   const FastDivmod wp_div(static_cast<uint32_t>(s.Wp));
   return with_scalar(t, [&](auto tt) {
     using T = decltype(tt);
@@ -184,12 +188,9 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
           return launch_dependent(kernel, grid, dim3(kPadThreads), 0, stream, static_cast<const T*>(x),
                                   static_cast<T*>(out), reinterpret_cast<const float4*>(coef), s, wp_div, pw, value);
         };
-        if (s.W >= kPadRowsMinW) {
-          // Persistent warps: up to 16 CTAs of 8 row-walking warps per SM.
-          const int64_t rows = planes * s.Hp;
-          const dim3 rgrid(static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, int64_t{16} * sm_count)));
+        if (by_rows) {
           auto rows_go = [&](auto kernel) {
-            return launch_dependent(kernel, rgrid, dim3(kPadThreads), 0, stream, static_cast<const T*>(x),
+            return launch_dependent(kernel, grid, dim3(kPadThreads), 0, stream, static_cast<const T*>(x),
                                     static_cast<T*>(out), reinterpret_cast<const float4*>(coef), s, pw, value);
           };
           return replicate ? rows_go(affine_pad_rows_kernel<T, P, true>)
