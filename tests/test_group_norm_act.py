@@ -212,8 +212,8 @@ def test_bulk_forward_teams(act, teams, chunk, tuning):
 
 
 # The channels_last bulk forward's shapes: (shape, G, residual, affine); per dtype, rows of C / V 16-byte vectors
-# fewer than 32 (lanes share a channel vector) and 32-128 (1, 2 or 4 slots per lane), vectors in one group (D / V
-# vectors per group: 1 to 16) or two (2 D = V), G = 1, odd maps, and a 5-D channels_last_3d map.
+# fewer than 32 (lanes share a channel vector) and 32-128 (1, 2 or 4 slots: warps per part), vectors in one group
+# (D / V vectors per group: 1 to 16) or two (2 D = V), G = 1, odd maps, and a 5-D channels_last_3d map.
 BULK_NHWC_CASES = [
     ((2, 64, 40, 40), 8, True, True),     # fp32: CV 16, 2 vectors per group; 16-bit: CV 8, 1
     ((1, 512, 24, 20), 32, False, True),  # fp32: CV 128, 4 slots per lane; 16-bit: CV 64, 2 slots

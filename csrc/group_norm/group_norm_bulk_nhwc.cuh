@@ -11,14 +11,16 @@
 // lane l reads vectors 32 m + l, 32 (m + M) + l, ... of each part and keeps one channel vector's mean, scale and
 // shift. Each vector lies in one group (D a multiple of V: R = D / V vectors per group, a power of two <= 32) or
 // holds the halves of two (2 D = V).
-//   * consumers, statistics: a Welford state (two with 2 D = V) per lane. At the end of a unit the states of a group
+//   * consumers, statistics: a Welford state (two with 2 D = V) per lane of x - s_g, s_g = x[u, pixel 0, first
+//     channel of g], the same shift in every CTA (partial means of the spread's size, so merging a team's partials
+//     rounds the mean about once, as the two-pass kernels do). At the end of a unit the states of a group
 //     merge by xor shuffles over the lanes that hold it (offsets below R: the group's other vectors; offsets >= CW:
 //     the same vector in other rows), a fixed pattern, and the group's first lane writes the warp's state of it to
 //     wst[k % 2][warp][g] once the publisher has read that slot's previous unit (`taken`).
 //   * publisher: lane g % 32 merges group g's states from the warps of its slot, in order, into
 //     partial[(u * team + b) * G + g], then one arrival on the unit's counter.
-//   * merger: once the team arrived, tpg lanes per group merge its team partials (fixed order: the same bits in
-//     every CTA) into stat[slot][g] = (mean, rstd).
+//   * mergers (kBulkNhwcMergers warps): once the team arrived, tpg lanes per group merge its team partials (fixed
+//     order: the same bits in every CTA) into stat[slot][g] = (s_g + mean, rstd).
 //   * consumers, normalize: out = act((x - mean) * rstd * gamma + beta) [+ residual] from the ring (streamed chunks:
 //     from L2), with the lane's V channels' mean, rstd * gamma and beta in registers.
 // DRAM 1R + 1W, one launch; the channels_last two-pass kernels: 2R + 1W, three.
@@ -33,7 +35,7 @@ namespace gn {
 #endif
 
 // Loads in flight per merger lane: a group's partials of 132 CTAs are 66 per lane (2 lanes per group at G = 32).
-constexpr int kBatch = 16;
+constexpr int kBulkNhwcMergeBatch = 16;
 
 template <typename T, int A>
 __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
@@ -120,18 +122,18 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
         if (gg < G) {
           sg = shift_of(u, gg);
           const WelfordState* pg = partial + u * nb * G + gg;
-          for (unsigned j0 = li; j0 < nb; j0 += kBatch * tpg) {
-            WelfordState q[kBatch];
+          for (unsigned j0 = li; j0 < nb; j0 += kBulkNhwcMergeBatch * tpg) {
+            WelfordState q[kBulkNhwcMergeBatch];
 #pragma unroll
-            for (int i = 0; i < kBatch; ++i) {
+            for (int i = 0; i < kBulkNhwcMergeBatch; ++i) {
               const unsigned j = j0 + i * tpg;
               const float* f = reinterpret_cast<const float*>(pg + static_cast<int64_t>(j) * G);
               q[i] = j < nb ? WelfordState{__ldcg(f), __ldcg(f + 1), __ldcg(f + 2)} : WelfordOp::identity();
             }
 #pragma unroll
-            for (int w = 1; w < kBatch; w <<= 1)  // a tree over the batch, in a fixed order
+            for (int w = 1; w < kBulkNhwcMergeBatch; w <<= 1)  // a tree over the batch, in a fixed order
 #pragma unroll
-              for (int i = 0; i + w < kBatch; i += 2 * w) q[i] = welford_merge(q[i], q[i + w]);
+              for (int i = 0; i + w < kBulkNhwcMergeBatch; i += 2 * w) q[i] = welford_merge(q[i], q[i + w]);
             m = welford_merge(m, q[0]);
           }
         }
