@@ -145,13 +145,14 @@ __device__ __forceinline__ void arrive_release(unsigned* counter) {
 #endif
 }
 
-// The header's barriers, by thread 0 (full and empty per stage: one arrival each; posted per slot: the consumer
-// warps; ready per slot: the merger), then a CTA barrier.
+// The header's barriers, by thread 0 (full per stage: the producer; empty per stage: the `parts` warps that take
+// the chunk; posted per slot: the consumer warps; ready per slot: the `mergers` merger warps), then a CTA barrier.
+// Barriers a kernel adds of its own, initialized by thread 0 before this call, are fenced with these.
 __device__ __forceinline__ void bulk_init_barriers(uint64_t* full, uint64_t* empty, uint64_t* posted, uint64_t* ready,
-                                                   int stages, int consumers, int parts = 1) {
+                                                   int stages, int consumers, int parts = 1, int mergers = 1) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], parts);
-    for (int s = 0; s < kBulkSlots; ++s) mbar_init(&posted[s], consumers), mbar_init(&ready[s], 1);
+    for (int s = 0; s < kBulkSlots; ++s) mbar_init(&posted[s], consumers), mbar_init(&ready[s], mergers);
 #ifdef GNEXT_BULK_SM90
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif

@@ -67,13 +67,8 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const BulkStages ring_of(g, cnt, W / (P * M));  // a streamed chunk's items: warps j % W of one group of P * M
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < g.stages; ++st) mbar_init(&full[st], 1), mbar_init(&empty[st], P * M);
-    for (int st = 0; st < kBulkSlots; ++st) mbar_init(&posted[st], W), mbar_init(&ready[st], kBulkNhwcMergers);
-    mbar_init(&taken[0], 1), mbar_init(&taken[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  if (threadIdx.x == 0) mbar_init(&taken[0], 1), mbar_init(&taken[1], 1);
+  bulk_init_barriers(full, empty, posted, ready, g.stages, W, P * M, kBulkNhwcMergers);
   // A group's statistics are taken of x - s_g, s_g = x[u, pixel 0, first channel of g], the same value in every CTA:
   // partial means are then of the spread's size and the merges of 132 CTAs' partials round no more than one does.
   auto shift_of = [&](int64_t u, int gg) { return to_float(x[u * L + static_cast<int64_t>(gg) * D]); };
@@ -137,11 +132,7 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
             m = welford_merge(m, q[0]);
           }
         }
-        for (int o = 1; o < tpg; o <<= 1) {
-          const WelfordState q{__shfl_xor_sync(0xffffffffu, m.mean, o), __shfl_xor_sync(0xffffffffu, m.m2, o),
-                               __shfl_xor_sync(0xffffffffu, m.n, o)};
-          m = welford_merge(m, q);
-        }
+        for (int o = 1; o < tpg; o <<= 1) m = welford_merge(m, shfl_xor(m, o));
         if (gg < G && li == 0) {
           const float rstd = rsqrtf(fmaxf(m.m2 / m.n, 0.f) + a.eps), mean = sg + m.mean;
           stat[slot * G + gg] = make_float2(mean, rstd);
@@ -192,14 +183,10 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
       }
       if (ring_of.streamed(i)) release_stage(&empty[st], lane);  // read again from L2 by the normalize
     }
-    auto shfl = [](const WelfordState& s, int o) {
-      return WelfordState{__shfl_xor_sync(0xffffffffu, s.mean, o), __shfl_xor_sync(0xffffffffu, s.m2, o),
-                          __shfl_xor_sync(0xffffffffu, s.n, o)};
-    };
     for (int o = 1; o < 32; o <<= 1)
       if (o < R || o >= CW) {
-        sa = welford_merge(sa, shfl(sa, o));
-        if (two) sb = welford_merge(sb, shfl(sb, o));
+        sa = welford_merge(sa, shfl_xor(sa, o));
+        if (two) sb = welford_merge(sb, shfl_xor(sb, o));
       }
     const int ws = static_cast<int>(k & 1);
     if (k >= 2) mbar_wait(&taken[ws], static_cast<uint32_t>(((k >> 1) - 1) & 1));
