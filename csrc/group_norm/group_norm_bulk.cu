@@ -44,7 +44,7 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
       auto run = [&](auto pp) -> cudaError_t {
         constexpr int P = decltype(pp)::value;
         // cooperative: every CTA waits on all others once per group
-        return launch_persistent<BulkTag<T, A, P>>(bulk_forward_kernel<T, A, P>, g.grid, (g.consumers + 3) * 32,
+        return launch_persistent<BulkTag<T, A, P>>(bulk_forward_kernel<T, A, P>, g.grid, bulk_threads(g.consumers),
                                                   g.smem, true, stream, a, g, p.N * p.G, p.D * p.HxW,
                                                   FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G),
                                                   static_cast<int>(p.D));
@@ -74,7 +74,7 @@ cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeome
     if (!bulk_stream_fits(p, g, sizeof(T))) return cudaErrorInvalidValue;
     auto go = [&](auto aa) -> cudaError_t {
       constexpr int A = decltype(aa)::value;
-      return launch_persistent<BulkBwdTag<T, A>>(bulk_backward_kernel<T, A>, g.grid, (g.consumers + 3) * 32, g.smem,
+      return launch_persistent<BulkBwdTag<T, A>>(bulk_backward_kernel<T, A>, g.grid, bulk_threads(g.consumers), g.smem,
                                                 true, stream, a, g, p.N * p.G, L,
                                                 FastDivmod(static_cast<uint32_t>(p.HxW)), static_cast<int>(p.G),
                                                 static_cast<int>(p.D));

@@ -5,7 +5,7 @@
 
 #include "group_norm_bulk_nhwc.cuh"
 #include "group_norm_dispatch.cuh"
-#include "group_norm_plan.h"  // bulk_nhwc_slots
+#include "group_norm_plan.h"  // bulk_nhwc_slots, kBulkChunk
 
 namespace gnext {
 namespace gn {
@@ -20,9 +20,9 @@ cudaError_t launch_bulk_nhwc_forward(ScalarKind t, const Problem& p, const BulkG
   const int esize = t == ScalarKind::Float ? 4 : 2;
   const int M = bulk_nhwc_slots(p, esize);
   if (M == 0 || pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || g.consumers < 1 ||
-      g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % 4096 != 0 || g.ahead < 1 ||
+      g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % kBulkChunk != 0 || g.ahead < 1 ||
       g.ahead > kBulkSlots - 2 || g.header < bulk_nhwc_header_bytes(g.consumers, p.G) ||
-      g.smem < g.header + static_cast<size_t>(g.stages) * g.chunk || g.parts != g.chunk / 4096 ||
+      g.smem < g.header + static_cast<size_t>(g.stages) * g.chunk || g.parts != g.chunk / kBulkChunk ||
       g.consumers % (g.parts * M) != 0 || g.team < 1 || g.grid % g.team != 0 || (g.stream && g.hold < 0))
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
@@ -30,9 +30,9 @@ cudaError_t launch_bulk_nhwc_forward(ScalarKind t, const Problem& p, const BulkG
     auto go = [&](auto aa) -> cudaError_t {
       constexpr int A = decltype(aa)::value;
       // cooperative: every CTA of a team waits on the others once per image
-      return launch_persistent<BulkNhwcTag<T, A>>(bulk_nhwc_forward_kernel<T, A>, g.grid, (g.consumers + 2 + kBulkNhwcMergers) * 32,
-                                                 g.smem, true, stream, a, g, p.N, p.C * p.HxW, static_cast<int>(p.C),
-                                                 static_cast<int>(p.G), static_cast<int>(p.D));
+      return launch_persistent<BulkNhwcTag<T, A>>(
+          bulk_nhwc_forward_kernel<T, A>, g.grid, bulk_threads(g.consumers, kBulkNhwcMergers), g.smem, true, stream, a,
+          g, p.N, p.C * p.HxW, static_cast<int>(p.C), static_cast<int>(p.G), static_cast<int>(p.D));
     };
     return with_int<0, kActCount>(pw_act(a.pw.mode), go);
   });

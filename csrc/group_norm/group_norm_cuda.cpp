@@ -185,8 +185,9 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
       return run_persistent(s.N * s.G * plan.bulk.grid * 3, zeroed_counters(mean, s.N * s.G, stream),
                             [&](const OnePassArgs& a) { return gn::launch_bulk_forward(t, p, plan.bulk, a, stream); });
     case Kernel::kBulkNhwc:  // partials per (image, CTA of its team, group)
-      return run_persistent(s.N * s.G * plan.bulk.grid * 3, zeroed_counters(mean, s.N, stream),
-                            [&](const OnePassArgs& a) { return gn::launch_bulk_nhwc_forward(t, p, plan.bulk, a, stream); });
+      return run_persistent(s.N * s.G * plan.bulk.grid * 3, zeroed_counters(mean, s.N, stream), [&](const OnePassArgs& a) {
+        return gn::launch_bulk_nhwc_forward(t, p, plan.bulk, a, stream);
+      });
     case Kernel::kOnePass:  // partials per (tile, group)
       return run_persistent(s.N * s.G * plan.onepass.T * 3, onepass_counters(plan.onepass, mean, stream),
                             [&](const OnePassArgs& a) { return gn::launch_onepass(false, t, p, plan.onepass, a, stream); });

@@ -161,11 +161,13 @@ cudaError_t launch_wide_backward(ScalarKind t, const Problem& p, const WideGeome
 constexpr int kBulkMaxConsumers = 16;
 // The forward's parts per copy that bulk_forward_kernel is compiled for (its template argument P).
 constexpr bool bulk_parts_compiled(int parts) { return parts == 1 || parts == 2 || parts == 4; }
-constexpr int kBulkMaxThreads = (kBulkMaxConsumers + 3) * 32;  // consumers, producer, publisher, merger
+// Threads of a bulk CTA: the consumer warps, the producer, the publisher and the merger warp(s).
+constexpr int bulk_threads(int consumers, int mergers = 1) { return (consumers + 2 + mergers) * 32; }
+constexpr int kBulkMaxThreads = bulk_threads(kBulkMaxConsumers);
 // The backward runs 8 consumer warps under a launch bound of its own: at 608 threads its kernels get 96 registers and
 // spill (36-168 bytes per instantiation); at 352 none do, and the time falls (docs/decisions/bulk.md).
 constexpr int kBulkMaxConsumersBwd = 8;
-constexpr int kBulkMaxThreadsBwd = (kBulkMaxConsumersBwd + 3) * 32;
+constexpr int kBulkMaxThreadsBwd = bulk_threads(kBulkMaxConsumersBwd);
 constexpr int kBulkSlots = 6;                                   // per-group handshake slots: ahead <= 4
 constexpr int kBulkMaxStages = 64;
 constexpr int kBulkMergeRegs = 5;                               // backward merger: partials per lane
@@ -207,7 +209,7 @@ constexpr int kBulkNhwcMaxSlots = 8;
 // Two merger warps: every CTA merges the team's partials of every group (132 x G states on an H100); with one warp
 // that chain of L2 loads set the pace.
 constexpr int kBulkNhwcMergers = 2;
-constexpr int kBulkNhwcThreads = (kBulkMaxConsumers + 2 + kBulkNhwcMergers) * 32;
+constexpr int kBulkNhwcThreads = bulk_threads(kBulkMaxConsumers, kBulkNhwcMergers);
 // Its header: the barriers (at most kBulkMaxStages stages, and two `taken` barriers), the consumer warps' per-group
 // states in two slots, and per slot the groups' (mean, rstd).
 constexpr size_t kBulkNhwcBarrierBytes = 8 * (2 * static_cast<size_t>(kBulkMaxStages) + 2 * kBulkSlots + 2);

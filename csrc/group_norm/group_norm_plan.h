@@ -725,9 +725,9 @@ inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Re
   const auto g = bulk_geometry(units, ru, false, d, tu, bulk_nhwc_header_bytes(consumers, p.G));
   if (!g || g->consumers % (g->parts * M) != 0) return std::nullopt;
   if (t.bulk_nhwc == 2) return g;
-  // Images of at most kBulkNhwcMaxImageBytes: 0.5-2 MiB images measured 1.07-1.42x faster than the one-pass and
-  // two-pass kernels; 4 MiB 16-bit images 0.94-1.11x, 9.4 MiB ones 1.24-1.34x slower, streamed 16 MiB ones
-  // 1.09-1.33x slower (docs/decisions/bulk.md#channels_last-images-as-units-again).
+  // Images of at most kBulkNhwcMaxImageBytes, held: 0.5-2 MiB images measured faster than the one-pass and two-pass
+  // kernels on both GPUs (GroupNorm 1.07-1.51x, GroupNorm+SiLU 0.99-1.37x); 4 MiB 16-bit images lose with SiLU, 9 MiB
+  // ones lose 1.24-1.56x, streamed 16 MiB ones 1.09-1.68x (docs/decisions/bulk.md#channels_last-images-as-units-again).
   if (g->stream || p.HxW * p.C * r.esize > kBulkNhwcMaxImageBytes) return std::nullopt;
   return g;
 }

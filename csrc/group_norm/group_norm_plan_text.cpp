@@ -57,15 +57,17 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
     case gn::Kernel::kBulk:
     case gn::Kernel::kBulkNhwc: {
       const auto& g = pl.bulk;
-      s += fmt("  grid %u persistent CTAs x %d threads (%d consumer warps, producer, publisher, merger), %zu B shared "
-               "memory; ring of %d %s of %d B (%d part(s) of 4 KiB, a consumer warp each), look-ahead %d %s; "
+      const bool images = pl.kernel == gn::Kernel::kBulkNhwc;
+      const int mergers = images ? gn::kBulkNhwcMergers : 1;
+      s += fmt("  grid %u persistent CTAs x %d threads (%d consumer warps, producer, publisher, %d merger(s)), %zu B "
+               "shared memory; ring of %d %s of %d B (%d part(s) of 4 KiB, a consumer warp each), look-ahead %d %s; "
                "producer %s\n",
-               g.grid, (g.consumers + (pl.kernel == gn::Kernel::kBulkNhwc ? 2 + gn::kBulkNhwcMergers : 3)) * 32,
-               g.consumers, g.smem, g.stages, bwd ? "stages, x and dy chunks" : "chunks",
-               g.chunk, g.parts, g.ahead, pl.kernel == gn::Kernel::kBulkNhwc ? "image(s)" : "group(s)", g.per_chunk || g.stream ? "per chunk" : "counts stages up");
+               g.grid, gn::bulk_threads(g.consumers, mergers), g.consumers, mergers, g.smem, g.stages,
+               bwd ? "stages, x and dy chunks" : "chunks", g.chunk, g.parts, g.ahead, images ? "image(s)" : "group(s)",
+               g.per_chunk || g.stream ? "per chunk" : "counts stages up");
       if (g.team != g.grid)
         s += fmt("  %u teams of %u CTAs: team t takes %s t, t + %u, ...\n", g.grid / g.team, g.team,
-                 pl.kernel == gn::Kernel::kBulkNhwc ? "images" : "groups", g.grid / g.team);
+                 images ? "images" : "groups", g.grid / g.team);
       if (g.stream)
         s += fmt("  streamed: %d chunks of each slice held in shared memory, the rest read again from L2\n",
                  g.hold);
