@@ -21,7 +21,7 @@ cudaError_t launch_bulk_nhwc_forward(ScalarKind t, const Problem& p, const BulkG
   const int M = bulk_nhwc_slots(p, esize);
   if (M == 0 || pw_pre(a.pw.mode) != kPreNone || a.counters == nullptr || g.consumers < 1 ||
       g.consumers > kBulkMaxConsumers || g.stages > kBulkMaxStages || g.chunk % kBulkChunk != 0 || g.ahead < 1 ||
-      g.ahead > kBulkSlots - 2 || g.header < bulk_nhwc_header_bytes(g.consumers, p.G) ||
+      g.ahead > kBulkSlots - 2 || g.header < bulk_nhwc_header_bytes(g.consumers, p.G, p.C) ||
       g.smem < g.header + static_cast<size_t>(g.stages) * g.chunk || g.parts != g.chunk / kBulkChunk ||
       g.consumers % (g.parts * M) != 0 || g.team < 1 || g.grid % g.team != 0 || (g.stream && g.hold < 0))
     return cudaErrorInvalidValue;

@@ -22,7 +22,8 @@
 //   * mergers (kBulkNhwcMergers warps): once the team arrived, tpg lanes per group merge its team partials (fixed
 //     order: the same bits in every CTA) into stat[slot][g] = (s_g + mean, rstd).
 //   * consumers, normalize: out = act((x - mean) * rstd * gamma + beta) [+ residual] from the ring (streamed chunks:
-//     from L2), with the lane's V channels' mean, rstd * gamma and beta in registers.
+//     from L2), with the lane's V channels' mean, rstd * gamma and beta in registers, taken per image from the
+//     header's (gamma, beta), which the CTA stages once.
 // DRAM 1R + 1W, one launch; the channels_last two-pass kernels: 2R + 1W, three.
 #pragma once
 #include "group_norm_bulk.cuh"
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
   uint64_t* taken = ready + kBulkSlots;   // [2]: the publisher has read wst[s]
   auto* wst = reinterpret_cast<WelfordState*>(smem + kBulkNhwcBarrierBytes);  // [2][W][G]
   auto* stat = reinterpret_cast<float2*>(wst + 2 * W * G);                     // [kBulkSlots][G]
+  auto* coef = reinterpret_cast<float4*>(smem + bulk_nhwc_coef_offset(W, G));  // [C / 2]: (gamma, beta) of 2 channels
   unsigned char* ring = smem + g.header;
   const unsigned nb = g.team, teams = gridDim.x / nb;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -67,6 +69,11 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const BulkStages ring_of(g, cnt, W / (P * M));  // a streamed chunk's items: warps j % W of one group of P * M
+  // (gamma, beta) once per CTA: read per image from global memory, each channel's two scalar loads stalled every
+  // consumer warp at every image.
+  for (int c = 2 * static_cast<int>(threadIdx.x); c < C; c += 2 * static_cast<int>(blockDim.x))
+    coef[c / 2] = make_float4(load_param(a.gamma, a.wt, c, 1.f), load_param(a.beta, a.wt, c, 0.f),
+                              load_param(a.gamma, a.wt, c + 1, 1.f), load_param(a.beta, a.wt, c + 1, 0.f));
   if (threadIdx.x == 0) mbar_init(&taken[0], 1), mbar_init(&taken[1], 1);
   bulk_init_barriers(full, empty, posted, ready, g.stages, W, P * M, kBulkNhwcMergers);
   // A group's statistics are taken of x - s_g, s_g = x[u, pixel 0, first channel of g], the same value in every CTA:
@@ -158,9 +165,20 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
   const T* __restrict__ res = static_cast<const T*>(a.pw.residual);
   T* __restrict__ out = static_cast<T*>(a.out);
   const uint64_t drop = l2_policy_evict_first();
+  // The shifts of the next image are loaded while this one's statistics run (a load at the start of each image's
+  // statistics stalled every consumer warp for a DRAM latency).
+  T pa{}, pb{};
+  auto load_shifts = [&](int64_t k) {
+    if (k < mine) {
+      pa = x[unit(k) * L + static_cast<int64_t>(ga) * D];
+      if (two) pb = x[unit(k) * L + static_cast<int64_t>(ga + 1) * D];
+    }
+  };
+  load_shifts(0);
   auto statistics = [&](int64_t k) {
     WelfordState sa = WelfordOp::identity(), sb = WelfordOp::identity();
-    const float sha = shift_of(unit(k), ga), shb = two ? shift_of(unit(k), ga + 1) : sha;
+    const float sha = to_float(pa), shb = two ? to_float(pb) : sha;
+    load_shifts(k + 1);
     for (int j = warp; j < items; j += W) {
       const int i = j / (P * M), h = j / M % P;
       const StageUse su = ring_of.use(k, i);
@@ -204,14 +222,14 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
     const int64_t u = unit(k);
     float mu[V], scale[V], shift[V];
     {
-      const int c0 = cv * V;
       const float2 fa = stat[slot * G + ga], fb = two ? stat[slot * G + ga + 1] : fa;
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
+      for (int e = 0; e < V; e += 2) {
         const float2 f = two && e >= V / 2 ? fb : fa;
-        mu[e] = f.x;
-        scale[e] = f.y * load_param(a.gamma, a.wt, c0 + e, 1.f);
-        shift[e] = load_param(a.beta, a.wt, c0 + e, 0.f);
+        const float4 gb = coef[(cv * V + e) / 2];
+        mu[e] = mu[e + 1] = f.x;
+        scale[e] = f.y * gb.x, shift[e] = gb.y;
+        scale[e + 1] = f.y * gb.z, shift[e + 1] = gb.w;
       }
     }
     for (int j = warp; j < items; j += W) {

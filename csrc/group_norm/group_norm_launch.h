@@ -211,11 +211,14 @@ constexpr int kBulkNhwcMaxSlots = 8;
 constexpr int kBulkNhwcMergers = 2;
 constexpr int kBulkNhwcThreads = bulk_threads(kBulkMaxConsumers, kBulkNhwcMergers);
 // Its header: the barriers (at most kBulkMaxStages stages, and two `taken` barriers), the consumer warps' per-group
-// states in two slots, and per slot the groups' (mean, rstd).
+// states in two slots, per slot the groups' (mean, rstd), and every channel's (gamma, beta) in float (16-byte aligned).
 constexpr size_t kBulkNhwcBarrierBytes = 8 * (2 * static_cast<size_t>(kBulkMaxStages) + 2 * kBulkSlots + 2);
-constexpr size_t bulk_nhwc_header_bytes(int consumers, int64_t G) {
+constexpr size_t bulk_nhwc_coef_offset(int consumers, int64_t G) {
   return (kBulkNhwcBarrierBytes + 2 * static_cast<size_t>(consumers) * static_cast<size_t>(G) * 12 +
-          kBulkSlots * static_cast<size_t>(G) * 8 + 127) / 128 * 128;
+          kBulkSlots * static_cast<size_t>(G) * 8 + 15) / 16 * 16;
+}
+constexpr size_t bulk_nhwc_header_bytes(int consumers, int64_t G, int64_t C) {
+  return (bulk_nhwc_coef_offset(consumers, G) + static_cast<size_t>(C) * 8 + 127) / 128 * 128;
 }
 cudaError_t launch_bulk_nhwc_forward(ScalarKind t, const Problem& p, const BulkGeometry& g, const OnePassArgs& a,
                                      cudaStream_t stream);

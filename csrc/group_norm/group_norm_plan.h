@@ -708,8 +708,8 @@ inline int bulk_nhwc_slots(const Problem& p, int64_t esize) {
 }
 // The geometry is the NCHW forward's (bulk_geometry) for N units of HxW * C elements, with the larger header; knob
 // GNEXT_BULK_NHWC (2: wherever it fits).
-// Example: 32x256x32x32 bf16 channels_last, H100: 512 KiB images = 128 chunks of 4 KiB; (232448 - 15104) / 4096 -> 53
-// stages, (53 - 4) / 3 = 16 chunks a slice at look-ahead 2: teams of 8 CTAs, 16 teams. 16x512x128x128 bf16: 16 MiB
+// Example: 32x256x32x32 bf16 channels_last, H100: 512 KiB images = 128 chunks of 4 KiB; (232448 - 17024) / 4096 -> 52
+// stages, (52 - 4) / 3 = 16 chunks a slice at look-ahead 2: teams of 8 CTAs, 16 teams. 16x512x128x128 bf16: 16 MiB
 // images, 32 chunks per CTA, streamed: not taken (two-pass).
 constexpr int64_t kBulkNhwcMaxImageBytes = int64_t{2} << 20;
 inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Request& r, const Device& d,
@@ -722,7 +722,7 @@ inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Re
   Tuning tu = t;
   tu.bulk = t.bulk_nhwc;
   const int consumers = std::clamp(t.bulk_consumers, 1, kBulkMaxConsumers);
-  const auto g = bulk_geometry(units, ru, false, d, tu, bulk_nhwc_header_bytes(consumers, p.G));
+  const auto g = bulk_geometry(units, ru, false, d, tu, bulk_nhwc_header_bytes(consumers, p.G, p.C));
   if (!g || g->consumers % (g->parts * M) != 0) return std::nullopt;
   if (t.bulk_nhwc == 2) return g;
   // Images of at most kBulkNhwcMaxImageBytes, held: 0.5-2 MiB images measured faster than the one-pass and two-pass
