@@ -20,7 +20,9 @@
 //   * publisher: lane g % 32 merges group g's states from the warps of its slot, in order, into
 //     partial[(u * team + b) * G + g], then one arrival on the unit's counter.
 //   * mergers (kBulkNhwcMergers warps): once the team arrived, tpg lanes per group merge its team partials (fixed
-//     order: the same bits in every CTA) into stat[slot][g] = (s_g + mean, rstd).
+//     order: the same bits in every CTA) into stat[slot][g] = (s_g + mean, rstd). In large teams
+//     (bulk_nhwc_scatter) CTA b merges only groups b, b + team, ..., writes them to mean / rstd, and after a second
+//     arrival of the team reads every group's from there.
 //   * consumers, normalize: out = act((x - mean) * rstd * gamma + beta) [+ residual] from the ring (streamed chunks:
 //     from L2), with the lane's V channels' mean, rstd * gamma and beta in registers, taken per image from the
 //     header's (gamma, beta), which the CTA stages once.
@@ -34,9 +36,6 @@ namespace gn {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // group_norm_bulk.cuh's own guard ends with that header
 #define GNEXT_BULK_NHWC_SM90 1
 #endif
-
-// Loads in flight per merger lane: a group's partials of 132 CTAs are 66 per lane (2 lanes per group at G = 32).
-constexpr int kBulkNhwcMergeBatch = 16;
 
 template <typename T, int A>
 __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
@@ -109,19 +108,23 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
   if (warp >= W + 2) {  // mergers: kBulkNhwcMergers warps, tpg lanes per group, each over CTAs li, li + tpg, ...
     const int ml = (warp - W - 2) * 32 + lane;
     constexpr int kLanes = kBulkNhwcMergers * 32;
+    // Every CTA merges every group's team partials where that takes one batch of loads per lane; larger teams scatter
+    // the groups (group g to CTA g % team), publish (mean, rstd) in a.mean / a.rstd, and meet at a second counter.
+    const bool scatter = bulk_nhwc_scatter(G, nb);
+    const int mg = scatter ? (G - b + static_cast<int>(nb) - 1) / static_cast<int>(nb) : G;  // groups merged here
     int tpg = 32;
-    while (tpg > 1 && G * tpg > kLanes) tpg >>= 1;
+    while (tpg > 1 && max(mg, 1) * tpg > kLanes) tpg >>= 1;
     const int per = kLanes / tpg, li = lane % tpg;
     for (int64_t k = 0; k < mine; ++k) {
       const int64_t u = unit(k);
       const int slot = static_cast<int>(k % kBulkSlots);
       if (lane == 0) wait_count(a.counters + u, nb);
       __syncwarp();
-      for (int g0 = 0; g0 < G; g0 += per) {  // the same trip count in every lane (shuffles)
-        const int gg = g0 + ml / tpg;
+      for (int g0 = 0; g0 < mg; g0 += per) {  // the same trip count in every lane (shuffles)
+        const int gi = g0 + ml / tpg, gg = scatter ? b + gi * static_cast<int>(nb) : gi;
         WelfordState m = WelfordOp::identity();
         float sg = 0.f;
-        if (gg < G) {
+        if (gi < mg) {
           sg = shift_of(u, gg);
           const WelfordState* pg = partial + u * nb * G + gg;
           for (unsigned j0 = li; j0 < nb; j0 += kBulkNhwcMergeBatch * tpg) {
@@ -140,15 +143,27 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
           }
         }
         for (int o = 1; o < tpg; o <<= 1) m = welford_merge(m, shfl_xor(m, o));
-        if (gg < G && li == 0) {
+        if (gi < mg && li == 0) {
           const float rstd = rsqrtf(fmaxf(m.m2 / m.n, 0.f) + a.eps), mean = sg + m.mean;
-          stat[slot * G + gg] = make_float2(mean, rstd);
-          if (b == 0) a.mean[u * G + gg] = mean, a.rstd[u * G + gg] = rstd;
+          if (!scatter) stat[slot * G + gg] = make_float2(mean, rstd);
+          if (scatter || b == 0) a.mean[u * G + gg] = mean, a.rstd[u * G + gg] = rstd;
         }
       }
-      // Both mergers have passed the wait before this CTA's departure (the last one resets the counter).
+      if (scatter) {  // publish this CTA's groups, then take every group's from the team
+        __threadfence();
+        asm volatile("bar.sync 1, %0;" ::"n"(kLanes) : "memory");
+        if (ml == 0) arrive_release(a.counters + units + u);
+        if (lane == 0) wait_count(a.counters + units + u, nb);
+        __syncwarp();
+        for (int gg = ml; gg < G; gg += kLanes)
+          stat[slot * G + gg] = make_float2(__ldcg(a.mean + u * G + gg), __ldcg(a.rstd + u * G + gg));
+      }
+      // Both mergers have passed the waits before this CTA's departures (the last one resets each counter).
       asm volatile("bar.sync 1, %0;" ::"n"(kLanes) : "memory");
-      if (ml == 0) depart(a.counters + u, nb);
+      if (ml == 0) {
+        depart(a.counters + u, nb);
+        if (scatter) depart(a.counters + units + u, nb);
+      }
       __syncwarp();
       if (lane == 0) mbar_arrive(&ready[slot]);
       __syncwarp();

@@ -203,13 +203,24 @@ cudaError_t launch_bulk_forward(ScalarKind t, const Problem& p, const BulkGeomet
 // teams and warps, with per-group statistics. Rows of C / V vectors, a power of two of at most 32 * kBulkNhwcMaxSlots
 // (a row within a 4 KiB part); each vector in one group (C / G a multiple of V, C / G / V a power of two <= 32) or in
 // two (2 C / G == V); G <= kBulkNhwcMaxG; consumers a multiple of parts * max(1, C / V / 32). Takes the forward's
-// arguments; partial: N*team*G Welford states, counters: N (zero).
+// arguments; partial: N*team*G Welford states, counters: 2N (zero).
 constexpr int kBulkNhwcMaxG = 64;
 constexpr int kBulkNhwcMaxSlots = 8;
 // Two merger warps: every CTA merges the team's partials of every group (132 x G states on an H100); with one warp
 // that chain of L2 loads set the pace.
 constexpr int kBulkNhwcMergers = 2;
 constexpr int kBulkNhwcThreads = bulk_threads(kBulkMaxConsumers, kBulkNhwcMergers);
+// Loads in flight per merger lane: a group's partials of 132 CTAs are 66 per lane (2 lanes per group at G = 32).
+constexpr int kBulkNhwcMergeBatch = 16;
+// Whether the merger warps of a team of `team` CTAs scatter the G groups over the team (group g merged by CTA g % team,
+// then a second arrival): where merging every group in every CTA takes more than two batches of loads per lane.
+// H100, G = 32, forward µs: one team of 132 (five batches) 6x512x80² bf16 71.7 -> 57.5, 8x512x96² fp16 109.5 -> 93.1;
+// teams of 33 (two batches) 32x256x64² bf16 70.5 -> 80.2 (docs/decisions/bulk.md).
+constexpr bool bulk_nhwc_scatter(int64_t G, int64_t team) {
+  int64_t tpg = 32;
+  while (tpg > 1 && G * tpg > kBulkNhwcMergers * 32) tpg >>= 1;
+  return team > 2 * tpg * kBulkNhwcMergeBatch;
+}
 // Its header: the barriers (at most kBulkMaxStages stages, and two `taken` barriers), the consumer warps' per-group
 // states in two slots, per slot the groups' (mean, rstd), and every channel's (gamma, beta) in float (16-byte aligned).
 constexpr size_t kBulkNhwcBarrierBytes = 8 * (2 * static_cast<size_t>(kBulkMaxStages) + 2 * kBulkSlots + 2);
