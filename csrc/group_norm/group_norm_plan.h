@@ -711,10 +711,10 @@ inline int bulk_nhwc_slots(const Problem& p, int64_t esize) {
 // Example: 32x256x32x32 bf16 channels_last, H100: 512 KiB images = 128 chunks of 4 KiB; (232448 - 17024) / 4096 -> 52
 // stages, (52 - 4) / 3 = 16 chunks a slice at look-ahead 2: teams of 8 CTAs, 16 teams. 16x512x128x128 bf16: 16 MiB
 // images, 32 chunks per CTA, streamed: not taken (two-pass).
-// The largest image taken, held: 4 MiB below 3.8 TB/s (the H100), 2 MiB above it (the H200 lost at 4 MiB before the
-// per-CTA (gamma, beta) and has not been measured there since).
+// The largest image taken, held: 8 MiB below 3.8 TB/s (the H100), 2 MiB above it (the H200 lost at 4 MiB before the
+// per-CTA (gamma, beta) and the scattered merge, and has not been measured since).
 constexpr int64_t bulk_nhwc_max_image_bytes(int64_t peak_gbs) {
-  return persistent_kernels_pay(peak_gbs) ? int64_t{4} << 20 : int64_t{2} << 20;
+  return persistent_kernels_pay(peak_gbs) ? int64_t{8} << 20 : int64_t{2} << 20;
 }
 inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Request& r, const Device& d,
                                                       const Tuning& t) {
@@ -730,8 +730,9 @@ inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Re
   if (!g || g->consumers % (g->parts * M) != 0) return std::nullopt;
   if (t.bulk_nhwc == 2) return g;
   // Held images of at most bulk_nhwc_max_image_bytes: 0.5-2 MiB images measured faster than the one-pass and two-pass
-  // kernels on both GPUs, 4 MiB ones on the H100 (GroupNorm 1.07x, GroupNorm+SiLU 1.06x at 8x512x64x64 bf16); 6-9 MiB
-  // images lose 1.01-1.25x, streamed 16 MiB ones 1.10-1.14x (docs/decisions/bulk.md#channels_last-images-as-units-again).
+  // kernels on both GPUs, 4-8 MiB ones on the H100 (GroupNorm / GroupNorm+SiLU 1.14 / 1.13x at 8x512x64x64 bf16, 1.01
+  // / 1.02x at 6x512x80x80 bf16, 1.15 / 1.17x at 4x256x128x128 bf16); 9 MiB fp16 images lose with SiLU (1.02x),
+  // streamed 16 MiB ones 1.02-1.06x (docs/decisions/bulk.md#channels_last-images-as-units-again).
   if (g->stream || p.HxW * p.C * r.esize > bulk_nhwc_max_image_bytes(d.peak_gbs)) return std::nullopt;
   return g;
 }
@@ -778,7 +779,7 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
     if (const auto g = bulk_nhwc_geometry(p, r, d, t)) {
       plan.kernel = Kernel::kBulkNhwc, plan.bulk = *g;
       plan.why = persistent_kernels_pay(d.peak_gbs)
-                     ? "bulk channels_last: images of <= 4 MiB (< 3.8 TB/s) as units, teams of CTAs whose slices the "
+                     ? "bulk channels_last: images of <= 8 MiB (< 3.8 TB/s) as units, teams of CTAs whose slices the "
                        "ring holds, copied once into shared memory by bulk asynchronous copies, per-group statistics"
                      : "bulk channels_last: images of <= 2 MiB (>= 3.8 TB/s) as units, teams of CTAs whose slices the "
                        "ring holds, copied once into shared memory by bulk asynchronous copies, per-group statistics";
