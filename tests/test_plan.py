@@ -176,15 +176,19 @@ def test_plan_choice(spec, fwd, bwd):
 @needs_planner
 def test_plan_bulk_nhwc_shapes():
     """The channels_last bulk forward takes images of <= 2 MiB whose rows are a power of two of 16-byte vectors with
-    each vector in one group or two halves, on both GPUs, and up to 8 MiB below 3.8 TB/s (the H100); C / V not a
-    power of two (C = 320), D = 2 with 8-element vectors, or an NCHW input do not take it."""
+    each vector in one group or two halves, on both GPUs, and images of up to 8 MiB in tensors over half of L2 below
+    3.8 TB/s (the H100); C / V not a power of two (C = 320), D = 2 with 8-element vectors, or an NCHW input do not
+    take it."""
     for dev in ("h100", "h200"):
         for spec in ("32,256,32,32:32:bfloat16:cl", "16,128,64,64:32:bfloat16:cl", "16,512,32,32:32:float16:cl"):
             assert _plan(spec, dev)[0] == "bulk channels_last", (spec, dev)
         for spec in ("32,320,32,32:32:bfloat16:cl", "32,64,112,112:32:bfloat16:cl", "32,256,32,32:32:bfloat16"):
             assert _plan(spec, dev)[0] != "bulk channels_last", (spec, dev)
-    assert _plan("4,512,64,64:32:float16:cl", "h100")[0] == "bulk channels_last"
-    assert _plan("4,512,64,64:32:float16:cl", "h200")[0] != "bulk channels_last"
+    assert _plan("8,512,64,64:32:bfloat16:cl", "h100")[0] == "bulk channels_last"
+    assert _plan("8,512,64,64:32:bfloat16:cl", "h200")[0] != "bulk channels_last"
+    # Images over 2 MiB in a tensor that half of L2 holds: two-pass (it reads the tensor twice from L2 in a graph).
+    for spec in ("2,64,16,64,64:8:bfloat16:cl", "4,512,64,64:32:float16:cl"):
+        assert _plan(spec, "h100")[0] != "bulk channels_last", spec
 
 
 @needs_planner

@@ -733,7 +733,13 @@ inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Re
   // kernels on both GPUs, 4-8 MiB ones on the H100 (GroupNorm / GroupNorm+SiLU 1.14 / 1.13x at 8x512x64x64 bf16, 1.01
   // / 1.02x at 6x512x80x80 bf16, 1.15 / 1.17x at 4x256x128x128 bf16); 9 MiB fp16 images lose with SiLU (1.02x),
   // streamed 16 MiB ones 1.02-1.06x (docs/decisions/bulk.md#channels_last-images-as-units-again).
-  if (g->stream || p.HxW * p.C * r.esize > bulk_nhwc_max_image_bytes(d.peak_gbs)) return std::nullopt;
+  const int64_t image = p.HxW * p.C * r.esize;
+  if (g->stream || image > bulk_nhwc_max_image_bytes(d.peak_gbs)) return std::nullopt;
+  // Images over 2 MiB only in tensors larger than half of L2: replayed from a CUDA graph with the input in L2, the
+  // two-pass kernels read it twice from there, and 2x64x16x64x64 bf16 (16 MiB) ran 1.26x slower in bulk; 32 MiB
+  // tensors of 4-8 MiB images tie there and win 1.14-1.17x from DRAM.
+  // Example: 8x512x64x64 bf16 on the H100: 4 MiB images, 32 MiB > 25 MiB: taken; 2x64x16x64x64 bf16: not.
+  if (image > (int64_t{2} << 20) && 2 * p.N * image <= d.l2_bytes) return std::nullopt;
   return g;
 }
 
@@ -779,8 +785,9 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
     if (const auto g = bulk_nhwc_geometry(p, r, d, t)) {
       plan.kernel = Kernel::kBulkNhwc, plan.bulk = *g;
       plan.why = persistent_kernels_pay(d.peak_gbs)
-                     ? "bulk channels_last: images of <= 8 MiB (< 3.8 TB/s) as units, teams of CTAs whose slices the "
-                       "ring holds, copied once into shared memory by bulk asynchronous copies, per-group statistics"
+                     ? "bulk channels_last: images of <= 8 MiB (< 3.8 TB/s; over 2 MiB in tensors over half of L2) as "
+                       "units, teams of CTAs whose slices the ring holds, copied once into shared memory by bulk "
+                       "asynchronous copies, per-group statistics"
                      : "bulk channels_last: images of <= 2 MiB (>= 3.8 TB/s) as units, teams of CTAs whose slices the "
                        "ring holds, copied once into shared memory by bulk asynchronous copies, per-group statistics";
       return plan;
