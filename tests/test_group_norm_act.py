@@ -232,9 +232,10 @@ BULK_NHWC_CASES = [
 def test_bulk_nhwc_forward(act, ahead, hold, teams, chunk, tuning):
     """The channels_last bulk forward (forced: GNEXT_BULK_NHWC=2, GNEXT_ONEPASS=0; sm_90+): images as units, every
     chunk held at look-ahead 1 and 2 and streamed (2 or no chunks of a slice held), one team and teams of CTAs (more
-    images than teams, and fewer), 4 KiB and 16 KiB copies (4 parts, parts past an image's end), every epilogue,
-    with and without a residual and affine; output and gradients against float64. Each forward plan is checked to
-    be this kernel in that mode."""
+    images than teams, and fewer; on an H100 one team of 132 scatters the merge over the team at G = 16 and 32, and
+    teams of 44 and 66 at G = 32 do not and do), 4 KiB and 16 KiB copies (4 parts, parts past an image's end), every
+    epilogue, with and without a residual and affine; output and gradients against float64. Each forward plan is
+    checked to be this kernel in that mode."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("bulk asynchronous copies need sm_90")
     tuning.set("GNEXT_ONEPASS", "0")
