@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The benchmark scripts' table logic that the committed results depend on (CPU; no timing)."""
+"""The benchmark scripts' table logic that the committed results depend on, and the developer tools' parsers (CPU;
+no timing)."""
 from __future__ import annotations
 
 import json
 import pathlib
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
@@ -59,3 +62,30 @@ def test_real_models_table_with_a_subset_of_variants(tmp_path):
     ratios = next(line for line in lines if line.startswith("| unet (random order)"))
     assert "1.156 [1.11–1.20] 2/2" in ratios  # gnext-aten vs eager per round: 10/9, 12/10
     assert (tmp_path / "t.json").exists() and (tmp_path / "t.md").exists()
+
+
+def test_ncu_stalls_attributes_samples_to_instructions(tmp_path, capsys):
+    """scripts/dev/ncu_stalls.py on a source page of three instructions: the wait loop's branch holds 80% of the
+    samples and is listed with its top stall reason; the window summary adds up to 100%; a page without the
+    sampling column is refused with a message naming it."""
+    sys.path.insert(0, str(ROOT / "scripts" / "dev"))
+    import ncu_stalls
+
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_long_sb",
+           "stall_math", "stall_long_sb (Not Issued)"]
+    rows = [["0x0", "LDS.128 R4, [R2]", "10", "64", "2", "8", "2"],
+            ["0x10", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3+URZ], R5", "10", "64", "10", "0", "10"],
+            ["0x20", "@!P0 BRA 0x10", "80", "6400", "79", "1", "79"]]
+    page = tmp_path / "page.csv"
+    page.write_text("\n".join(",".join(f'"{v}"' for v in r) for r in [["Kernel Name", "k"], hdr, *rows]) + "\n")
+    ncu_stalls.main([str(page), "--top", "50", "--window", "2"])
+    out = capsys.readouterr().out
+    assert "100 samples over 3 instructions" in out
+    listed = [line for line in out.splitlines() if "%" in line and "BRA" in line]
+    assert len(listed) == 1 and "80.0%" in listed[0] and "long_sb 79" in listed[0] and "6400" in listed[0]
+    assert "LDS.128" not in out.split("samples per")[0]  # 10% < --top 50
+    assert "0: 20.0 2: 80.0" in out
+    bad = tmp_path / "bad.csv"
+    bad.write_text('"Address","Source"\n"0x0","NOP"\n')
+    with pytest.raises(SystemExit, match=r"Warp Stall Sampling \(All Samples\)"):
+        ncu_stalls.main([str(bad)])
