@@ -195,7 +195,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
       return run_persistent(s.N * s.G * plan.wide.grid * 3, zeroed_counters(mean, s.N * s.G, stream),
                             [&](const OnePassArgs& a) { return gn::launch_wide_forward(t, p, plan.wide, a, stream); });
     case Kernel::kWideNhwc:  // partials per (image, group, CTA)
-      return run_persistent(s.N * s.G * plan.wide.grid * 3, zeroed_counters(mean, 2 * s.N, stream), [&](const OnePassArgs& a) {
+      return run_persistent(s.N * s.G * plan.wide.grid * 3, zeroed_counters(mean, s.N, stream), [&](const OnePassArgs& a) {
         return gn::launch_wide_nhwc_forward(t, p, plan.wide, a, stream);
       });
     case Kernel::kTwoPass:
