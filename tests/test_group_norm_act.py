@@ -262,8 +262,9 @@ def test_bulk_nhwc_forward(act, ahead, hold, teams, chunk, tuning):
 
 @pytest.mark.gpu
 def test_bulk_nhwc_forward_deterministic_and_large_mean(tuning):
-    """The channels_last bulk forward by the rule on a 16x512x64x64 bf16 map (sm_90+): one launch, bitwise the same
-    run to run, equal to the two-pass kernels' statistics; float32 at mean 1e4, std 1 within the two-pass error."""
+    """The channels_last bulk forward (forced: GNEXT_BULK_NHWC=2) on a 16x512x64x64 bf16 map (sm_90+): bitwise the
+    same run to run, equal to the two-pass kernels' statistics; float32 at mean 1e4, std 1 within twice the two-pass
+    error."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("bulk asynchronous copies need sm_90")
     gen = torch.Generator().manual_seed(5)
