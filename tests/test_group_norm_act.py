@@ -142,17 +142,16 @@ def test_wide_forward(act, tuning):
         _check("cuda", dtype, None, (1, 8, 40, 64), 2, act, with_res=False, seed=13)
 
 
-def _check_bulk(direction, knob, act, ahead, hold, tuning, seed, cases, chunk="4096", recopy=False):
+def _check_bulk(direction, knob, act, ahead, hold, tuning, seed, cases, chunk="4096"):
     """The bulk kernel of one direction forced (knob = 2) at look-ahead `ahead`, streamed with `hold` chunks held
-    when hold is not None (recopy: the streamed chunks copied into the ring again for the normalize), with copies of
-    `chunk` bytes (4 KiB parts, a consumer warp each): for each (shape, G, with_res, affine) and dtype, that
-    direction's plan must be the bulk kernel in that mode, then _check against float64."""
+    when hold is not None, with copies of `chunk` bytes (4 KiB parts, a consumer warp each): for each (shape, G,
+    with_res, affine) and dtype, that direction's plan must be the bulk kernel in that mode, then _check against
+    float64."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("bulk asynchronous copies need sm_90")
     tuning.set(knob, "2")
     tuning.set("GNEXT_BULK_AHEAD", ahead)
     tuning.set("GNEXT_BULK_CHUNK", chunk)
-    tuning.set("GNEXT_BULK_RECOPY", "1" if recopy else "0")
     if hold is not None:
         tuning.set("GNEXT_BULK_HOLD", hold)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -162,27 +161,24 @@ def _check_bulk(direction, knob, act, ahead, hold, tuning, seed, cases, chunk="4
                             groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
             plan = text.split(f"{direction}: ")[1].split("backward: ")[0]
             assert plan.startswith("bulk") and ("streamed: " in plan) == (hold is not None), text
-            assert ("copied into the ring again" in plan) == recopy, text
             assert f"of {chunk} B ({int(chunk) // 4096} part(s)" in plan, text
             _check("cuda", dtype, None, shape, G, act, with_res=with_res, affine=affine, seed=seed)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["identity", "silu", "relu", "gelu", "tanh_hardswish"])
-@pytest.mark.parametrize("ahead,hold,recopy", [("1", None, False), ("2", None, False), ("1", "2", False),
-                                               ("2", "0", False), ("1", "2", True), ("2", "0", True)],
-                         ids=["held-ahead1", "held-ahead2", "streamed-hold2", "streamed-hold0", "streamed-hold2-recopy",
-                              "streamed-hold0-recopy"])
+@pytest.mark.parametrize("ahead,hold", [("1", None), ("2", None), ("1", "2"), ("2", "0")],
+                         ids=["held-ahead1", "held-ahead2", "streamed-hold2", "streamed-hold0"])
 @pytest.mark.parametrize("chunk", ["4096", "8192", "16384"])
-def test_bulk_forward(act, ahead, hold, recopy, chunk, tuning):
+def test_bulk_forward(act, ahead, hold, chunk, tuning):
     """The bulk forward (forced: GNEXT_BULK=2; sm_90+) with each epilogue, with and without a residual and affine,
     every chunk held at both look-aheads and streamed (GNEXT_BULK_HOLD: 2 or no chunks of a slice held, the rest
-    read again to normalize, by the consumers or copied into the ring again: GNEXT_BULK_RECOPY): 4 KiB chunks that straddle channels (float32 HxW = 1600: 6400-byte channels), partial
+    read again to normalize): 4 KiB chunks that straddle channels (float32 HxW = 1600: 6400-byte channels), partial
     last chunks, CTAs without a chunk (7 chunks per group on a grid of one CTA per SM), slices of four chunks
     (1x2x512x512 float32, G = 1), G = C, N = 1; output and gradients (the backward reads the forward's mean/rstd)
     against float64; copies of 4 KiB, 8 KiB (2 parts) and 16 KiB (4 parts; parts past a group's end). Each shape's
     forward plan is checked to be the bulk kernel in that mode."""
-    _check_bulk("forward", "GNEXT_BULK", act, ahead, hold, tuning, seed=17, chunk=chunk, recopy=recopy, cases=[
+    _check_bulk("forward", "GNEXT_BULK", act, ahead, hold, tuning, seed=17, chunk=chunk, cases=[
         ((2, 16, 40, 40), 4, True, True), ((1, 8, 24, 48), 1, False, True), ((3, 6, 16, 16), 6, True, False),
         ((1, 2, 512, 512), 1, True, True)])
 
@@ -230,16 +226,12 @@ BULK_NHWC_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["identity", "silu", "gelu", "tanh_hardswish"])
-@pytest.mark.parametrize("ahead,hold,teams,recopy", [
-    ("1", None, "", False), ("2", None, "3", False), ("1", "2", "", False), ("2", "0", "2", False),
-    ("1", "2", "", True), ("2", "0", "2", True)], ids=[
-    "held-ahead1", "held-ahead2-teams3", "streamed-hold2", "streamed-hold0-teams2", "streamed-hold2-recopy",
-    "streamed-hold0-teams2-recopy"])
+@pytest.mark.parametrize("ahead,hold,teams", [("1", None, ""), ("2", None, "3"), ("1", "2", ""), ("2", "0", "2")],
+                         ids=["held-ahead1", "held-ahead2-teams3", "streamed-hold2", "streamed-hold0-teams2"])
 @pytest.mark.parametrize("chunk", ["4096", "16384"])
-def test_bulk_nhwc_forward(act, ahead, hold, teams, recopy, chunk, tuning):
+def test_bulk_nhwc_forward(act, ahead, hold, teams, chunk, tuning):
     """The channels_last bulk forward (forced: GNEXT_BULK_NHWC=2, GNEXT_ONEPASS=0; sm_90+): images as units, every
-    chunk held at look-ahead 1 and 2 and streamed (2 or no chunks of a slice held; the rest read again from L2 by
-    the consumers or copied into the ring again: GNEXT_BULK_RECOPY), one team and teams of CTAs (more
+    chunk held at look-ahead 1 and 2 and streamed (2 or no chunks of a slice held), one team and teams of CTAs (more
     images than teams, and fewer; on an H100 one team of 132 scatters the merge over the team at G = 16 and 32, and
     teams of 44 and 66 at G = 32 do not and do), 4 KiB and 16 KiB copies (4 parts, parts past an image's end), every
     epilogue, with and without a residual and affine; output and gradients against float64. Each forward plan is
@@ -251,7 +243,6 @@ def test_bulk_nhwc_forward(act, ahead, hold, teams, recopy, chunk, tuning):
     tuning.set("GNEXT_BULK_AHEAD", ahead)
     tuning.set("GNEXT_BULK_CHUNK", chunk)
     tuning.set("GNEXT_BULK_TEAMS", teams)
-    tuning.set("GNEXT_BULK_RECOPY", "1" if recopy else "0")
     if hold is not None:
         tuning.set("GNEXT_BULK_HOLD", hold)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -264,7 +255,6 @@ def test_bulk_nhwc_forward(act, ahead, hold, teams, recopy, chunk, tuning):
                             groupnorm_ext._library.ACTIVATIONS.index(act), with_res, None)
             plan = text.split("forward: ")[1].split("backward: ")[0]
             assert plan.startswith("bulk channels_last") and ("streamed: " in plan) == (hold is not None), text
-            assert ("copied into the ring again" in plan) == recopy, text
             assert f"of {chunk} B" in plan and (not teams or f"{teams} teams of {sms // int(teams)}" in plan), text
             fmt = CL if len(shape) == 4 else torch.channels_last_3d
             _check("cuda", dtype, fmt, shape, G, act, with_res=with_res, affine=affine, seed=41)

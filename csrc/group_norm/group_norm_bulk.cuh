@@ -96,45 +96,32 @@ struct StageUse {
 // Where chunk i of group u's slice (cnt chunks) lives. Retained (!g.stream): a ring of g.stages in order, every
 // chunk kept until the group is normalized (its dx written). Streamed (g.stream): chunks i < hold in a held region
 // of (ahead + 1) * hold stages (group u in part u % (ahead + 1)), kept until then; the others pass through the
-// remaining S stages, released after the statistics and read again from L2 (copied with an evict-last hint): by the
-// consumers' loads, or (g.recopy, the forward) copied into the ring a second time by the producer for the normalize.
+// remaining S stages, released after the statistics and read again from L2 (copied with an evict-last hint).
 // use: how many times the stage was filled before. A consumer waits for a use by its parity, so a stage must never
 // be two uses ahead of a waiter: in the held region and the retained ring the look-ahead guarantees it; streamed
-// stages are refilled as soon as they are released, so each is private to the one warp (group of `parts`
+// stages are refilled as soon as the statistics release them, so each is private to the one warp (group of `parts`
 // warps: W counts groups) that takes its chunks (chunk i -> group i % W: the streaming groups' own rings of
-// P = S / min(W, cnt - hold) stages each), filled in the order that warp takes them: the statistics of group u
-// (block u), and with recopy the statistics and the second copies in bulk_pipeline's order.
+// P = S / min(W, cnt - hold) stages each).
 struct BulkStages {
-  bool stream, recopy;
+  bool stream;
   int stages, H, R, S, P, W;
-  int64_t cnt, a, units;  // a: the look-ahead bulk_pipeline runs, min(ahead, units)
-  __device__ BulkStages(const BulkGeometry& g, int64_t cnt_, int W_, int64_t units_ = 0)
-      : stream(g.stream), recopy(g.stream && g.recopy), stages(g.stages), H(g.stream ? g.hold : 0), R(g.ahead + 1),
-        S(g.stages - (g.stream ? (g.ahead + 1) * g.hold : 0)), P(0), W(W_), cnt(cnt_),
-        a(min(static_cast<int64_t>(g.ahead), units_)), units(units_) {
+  int64_t cnt;
+  __device__ BulkStages(const BulkGeometry& g, int64_t cnt_, int W_)
+      : stream(g.stream), stages(g.stages), H(g.stream ? g.hold : 0), R(g.ahead + 1),
+        S(g.stages - (g.stream ? (g.ahead + 1) * g.hold : 0)), P(0), W(W_), cnt(cnt_) {
     const int64_t nsw = min(static_cast<int64_t>(W), cnt - H);  // streaming warps
     P = nsw > 0 ? static_cast<int>(S / nsw) : 0;
   }
   __device__ bool streamed(int64_t i) const { return stream && i >= H; }
-  // Position of a streamed chunk in its warp's sequence of blocks (each block: that warp's streamed chunks of one
-  // group). With recopy the order is bulk_pipeline's: statistics of groups 0 .. a - 1, then per group u the
-  // statistics of u + a (while there is one) and the second copies of u.
-  __device__ StageUse streamed_use(int64_t block, int64_t i) const {
-    const int64_t j = i - H, ws = j % W;  // the streaming warp's index
-    const int64_t q = block * ((cnt - H - ws + W - 1) / W) + j / W;  // its streamed chunks before this one
-    return StageUse{static_cast<int>(ws * P + q % P), q / P};
-  }
   __device__ StageUse use(int64_t u, int64_t i) const {
     if (!stream) {  // 32-bit: units * cnt chunks of several MB each stay far below 2^32
       const auto k = static_cast<uint32_t>(u * cnt + i), q = k / static_cast<uint32_t>(stages);
       return StageUse{static_cast<int>(k - q * static_cast<uint32_t>(stages)), q};
     }
     if (i < H) return StageUse{S + static_cast<int>(u % R) * H + static_cast<int>(i), u / R};
-    return streamed_use(!recopy || u < a ? u : 2 * u - a, i);
-  }
-  // With recopy: the stage of streamed chunk i's second copy, for the normalize of group u.
-  __device__ StageUse again(int64_t u, int64_t i) const {
-    return streamed_use(u + a < units ? 2 * u + a + 1 : units + u, i);
+    const int64_t j = i - H, ws = j % W;                         // the streaming warp's index
+    const int64_t q = u * ((cnt - H - ws + W - 1) / W) + j / W;  // its streamed chunks before this one
+    return StageUse{static_cast<int>(ws * P + q % P), q / P};
   }
 };
 // A consumer warp hands stage barrier `bar`'s buffer back to the producer once all its lanes are done with it.
@@ -205,31 +192,20 @@ __device__ __forceinline__ void bulk_produce(const T* const (&src)[N], unsigned 
       }
     return;
   }
-  auto copy = [&](int64_t u, int64_t i, StageUse su, uint64_t p) {
-    if (su.use > 0) mbar_wait(&empty[su.st], static_cast<uint32_t>((su.use - 1) & 1));
-    const int64_t off = (lo + i) * chunk;
-    const auto bytes = static_cast<uint32_t>(min(static_cast<int64_t>(chunk), bytes_u - off));
-    unsigned char* dst = ring + su.st * stage_bytes;
-    mbar_expect_tx(&full[su.st], N * bytes);
+  for (int64_t u = 0; u < units; ++u)
+    for (int64_t i = 0; i < cnt; ++i) {
+      const StageUse su = ring_of.use(u, i);
+      if (su.use > 0) mbar_wait(&empty[su.st], static_cast<uint32_t>((su.use - 1) & 1));
+      const int64_t off = (lo + i) * chunk;
+      const auto bytes = static_cast<uint32_t>(min(static_cast<int64_t>(chunk), bytes_u - off));
+      unsigned char* dst = ring + su.st * stage_bytes;
+      const uint64_t p = ring_of.streamed(i) ? keep : pol;
+      mbar_expect_tx(&full[su.st], N * bytes);
 #pragma unroll
-    for (int t = 0; t < N; ++t)
-      bulk_copy_tx(dst + t * chunk, reinterpret_cast<const char*>(src[t]) + (u0 + u * ustride) * bytes_u + off,
-                   bytes, &full[su.st], p);
-  };
-  auto statistics = [&](int64_t u) {
-    for (int64_t i = 0; i < cnt; ++i) copy(u, i, ring_of.use(u, i), ring_of.streamed(i) ? keep : pol);
-  };
-  if (!ring_of.recopy) {
-    for (int64_t u = 0; u < units; ++u) statistics(u);
-    return;
-  }
-  // The consumers' order (bulk_pipeline): the statistics' copies of group u + a, then the second copies of u's
-  // streamed chunks (from L2, read for the last time).
-  for (int64_t u = 0; u < ring_of.a; ++u) statistics(u);
-  for (int64_t u = 0; u < units; ++u) {
-    if (u + ring_of.a < units) statistics(u + ring_of.a);
-    for (int64_t i = ring_of.H; i < cnt; ++i) copy(u, i, ring_of.again(u, i), pol);
-  }
+      for (int t = 0; t < N; ++t)
+        bulk_copy_tx(dst + t * chunk, reinterpret_cast<const char*>(src[t]) + (u0 + u * ustride) * bytes_u + off,
+                     bytes, &full[su.st], p);
+    }
 }
 
 
@@ -262,7 +238,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const int64_t Ep = E / P;                                    // elements per part
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  const BulkStages ring_of(g, cnt, W / P, mine);  // a streamed chunk's parts: warps j % W of one group of P
+  const BulkStages ring_of(g, cnt, W / P);  // a streamed chunk's parts: warps j % W of one group of P
   bulk_init_barriers(full, empty, posted, ready, g.stages, W, P);
 
   if (warp == W) {  // producer
@@ -342,14 +318,8 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
     const int c0 = static_cast<int>(u % G) * D;
     for (int j = warp; j < items; j += W) {
       const int i = j / P, h = j % P;
-      // x from L2 (again), not from the ring, unless the producer copied the streamed chunk in a second time
-      const bool again = ring_of.streamed(i) && !ring_of.recopy;
-      int st = ring_of.use(k, i).st;
-      if (ring_of.streamed(i) && ring_of.recopy) {
-        const StageUse su = ring_of.again(k, i);
-        st = su.st;
-        mbar_wait(&full[st], static_cast<uint32_t>(su.use & 1));
-      }
+      const int st = ring_of.use(k, i).st;
+      const bool again = ring_of.streamed(i);  // x from L2, not from the ring
       const int64_t e0 = (lo + i) * E + h * Ep;  // element offset in the group
       const int n = static_cast<int>(max(int64_t{0}, min(Ep, L - e0))) / V;
       if (P > 1 && n == 0) {  // a part past the group's end

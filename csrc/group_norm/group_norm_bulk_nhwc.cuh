@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
   const int64_t Ep = E / P;
   auto* partial = reinterpret_cast<WelfordState*>(a.partial);
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  const BulkStages ring_of(g, cnt, W / (P * M), mine);  // a streamed chunk's items: warps j % W of one group of P * M
+  const BulkStages ring_of(g, cnt, W / (P * M));  // a streamed chunk's items: warps j % W of one group of P * M
   // (gamma, beta) once per CTA: read per image from global memory, each channel's two scalar loads stalled every
   // consumer warp at every image.
   for (int c = 2 * static_cast<int>(threadIdx.x); c < C; c += 2 * static_cast<int>(blockDim.x))
@@ -249,14 +249,8 @@ __global__ void __launch_bounds__(kBulkNhwcThreads, 1)
     }
     for (int j = warp; j < items; j += W) {
       const int i = j / (P * M), h = j / M % P;
-      // x from L2 (again), not from the ring, unless the producer copied the streamed chunk in a second time
-      const bool again = ring_of.streamed(i) && !ring_of.recopy;
-      int st = ring_of.use(k, i).st;
-      if (ring_of.streamed(i) && ring_of.recopy) {
-        const StageUse su = ring_of.again(k, i);
-        st = su.st;
-        mbar_wait(&full[st], static_cast<uint32_t>(su.use & 1));
-      }
+      const int st = ring_of.use(k, i).st;
+      const bool again = ring_of.streamed(i);  // x from L2, not from the ring
       const int64_t e0 = (lo + i) * E + h * Ep;  // element offset in the image
       const int n = static_cast<int>(max(int64_t{0}, min(Ep, L - e0))) / V;
       if (n == 0) {  // a part past the image's end

@@ -191,8 +191,6 @@ struct BulkGeometry {
   bool stream;    // backward: the slice does not fit (ahead + 1) times; `hold` chunks of it are kept in shared
                   // memory, the rest read again from L2 for dx
   int hold;       // with stream: chunks per slice kept; stages - (ahead + 1) * hold >= 1 stream the rest
-  bool recopy;    // forward, with stream: the normalize's streamed chunks are copied into the ring again (from L2)
-                  // by the producer, instead of being loaded by the consumers
   bool per_chunk;  // the producer computes each chunk's stage before its wait instead of counting them up
   int parts;      // forward: consumer warps per chunk, 1, 2 or 4 (4 KiB each; divides consumers); backward: 1
   unsigned team;  // CTAs per team (divides grid): team t of the forward takes groups t, t + grid / team, ...;

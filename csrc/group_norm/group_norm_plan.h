@@ -661,7 +661,6 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
         g.hold = h;
     }
     if (g.hold < 0) return std::nullopt;
-    g.recopy = !bwd && t.bulk_recopy == 1;
   }
   if (g.ahead < 0) return std::nullopt;
   g.header = header;

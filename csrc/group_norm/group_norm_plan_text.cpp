@@ -69,8 +69,8 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
         s += fmt("  %u teams of %u CTAs: team t takes %s t, t + %u, ...\n", g.grid / g.team, g.team,
                  images ? "images" : "groups", g.grid / g.team);
       if (g.stream)
-        s += fmt("  streamed: %d chunks of each slice held in shared memory, the rest read again from L2%s\n", g.hold,
-                 g.recopy ? " (copied into the ring again)" : "");
+        s += fmt("  streamed: %d chunks of each slice held in shared memory, the rest read again from L2\n",
+                 g.hold);
       break;
     }
     case gn::Kernel::kOnePass: {
