@@ -284,19 +284,8 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
   const T* __restrict__ res = static_cast<const T*>(a.pw.residual);
   T* __restrict__ out = static_cast<T*>(a.out);
   const uint64_t drop = l2_policy_evict_first();
-  // g.sums: the group's first element, the same shift in every CTA, loaded one group ahead (a load at the start of
-  // each group's statistics would stall every consumer warp for a DRAM latency).
-  T shift_next{};
-  auto load_shift = [&](int64_t k) {
-    if (g.sums && k < mine) shift_next = x[group(k) * L];
-  };
-  load_shift(0);
   auto statistics = [&](int64_t k) {
     WelfordState s = WelfordOp::identity();
-    const float sh = to_float(shift_next);
-    load_shift(k + 1);
-    float s1 = 0.f, s2 = 0.f;
-    int nv = 0;
     for (int j = warp; j < items; j += W) {
       const int i = j / P, h = j % P;
       const StageUse su = ring_of.use(k, i);
@@ -304,32 +293,15 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       mbar_wait(&full[st], static_cast<uint32_t>(su.use & 1));
       const int n = static_cast<int>(max(int64_t{0}, min(Ep, L - (lo + i) * E - h * Ep))) / V;
       const uint4* src = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(st) * g.chunk + h * Ep * sizeof(T));
-      if (g.sums) {
-        for (int v = lane; v < n; v += 32, ++nv) {
-          Vec q;
-          q.raw = src[v];
+      for (int v = lane; v < n; v += 32) {
+        Vec q;
+        q.raw = src[v];
+        float f[V];
 #pragma unroll
-          for (int j = 0; j < V; ++j) {
-            const float f = to_float(q.v[j]) - sh;
-            s1 += f;
-            s2 = fmaf(f, f, s2);
-          }
-        }
-      } else {
-        for (int v = lane; v < n; v += 32) {
-          Vec q;
-          q.raw = src[v];
-          float f[V];
-#pragma unroll
-          for (int j = 0; j < V; ++j) f[j] = to_float(q.v[j]);
-          s = welford_merge(s, welford_of<V>(f));
-        }
+        for (int j = 0; j < V; ++j) f[j] = to_float(q.v[j]);
+        s = welford_merge(s, welford_of<V>(f));
       }
       if (ring_of.streamed(i)) release_stage(&empty[st], lane);  // read again from L2 by the normalize
-    }
-    if (g.sums && nv > 0) {
-      const float cntf = static_cast<float>(nv * V), m = s1 / cntf;
-      s = WelfordState{sh + m, fmaxf(fmaf(-m, s1, s2), 0.f), cntf};
     }
     s = warp_reduce<WelfordOp>(s);
     const int slot = static_cast<int>(k % kBulkSlots);

@@ -192,8 +192,6 @@ struct BulkGeometry {
                   // memory, the rest read again from L2 for dx
   int hold;       // with stream: chunks per slice kept; stages - (ahead + 1) * hold >= 1 stream the rest
   bool per_chunk;  // the producer computes each chunk's stage before its wait instead of counting them up
-  bool sums;      // NCHW forward: statistics as per-lane sums of x - x[group's first element] (else a Welford merge
-                  // per vector)
   int parts;      // forward: consumer warps per chunk, 1, 2 or 4 (4 KiB each; divides consumers); backward: 1
   unsigned team;  // CTAs per team (divides grid): team t of the forward takes groups t, t + grid / team, ...;
                   // backward: grid (one team)

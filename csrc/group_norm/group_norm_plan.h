@@ -625,7 +625,6 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   // The producer counts stages up only in the H200's forward: the H100 measured 5-8% slower that way, and the H200's
   // held backward 1.09x slower (docs/decisions/bulk.md).
   g.per_chunk = t.bulk_pace >= 0 ? t.bulk_pace == 1 : bwd || !fast;
-  g.sums = !bwd && t.bulk_sums == 1;
   g.parts = g.chunk / kBulkChunk;  // 4 KiB per consumer warp
   if (g.chunk % kBulkChunk != 0 || !bulk_parts_compiled(g.parts) || g.consumers % g.parts != 0) return std::nullopt;
   const int64_t stage_bytes = int64_t{bwd ? 2 : 1} * g.chunk;

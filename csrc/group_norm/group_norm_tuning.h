@@ -19,7 +19,6 @@ struct Tuning {
   int bulk_ahead = kRule;      // bulk look-ahead in groups (forward 1-4, backward 0-4); rule: the most the ring holds
   int bulk_consumers = 16;     // bulk consumer warps (forward 1-16, backward at most 8)
   int bulk_hold = kRule;       // bulk, streamed: chunks of a slice kept in shared memory, the rest read again from L2
-  int bulk_sums = kRule;       // bulk NCHW forward statistics: 1 shifted sums per lane, 0 a Welford merge per vector; rule: 0
   int bulk_pace = kRule;       // bulk producer: 0 counts stages up, 1 computes each chunk's stage; rule: 0 only for the forward >= 3.8 TB/s
   int bulk_chunk = kRule;      // bulk forward copy bytes, 4096, 8192 or 16384 (4 KiB per consumer warp)
   int bulk_nhwc = 1;           // channels_last bulk forward (sm_90+): 0 never, 1 the rule, 2 wherever it fits
@@ -58,7 +57,6 @@ inline constexpr TuningField kTuningFields[] = {
     {"GNEXT_BULK_AHEAD", &Tuning::bulk_ahead, "bulk look-ahead in groups: forward 1-4, backward 0-4 (rule: the most that fits)"},
     {"GNEXT_BULK_CONSUMERS", &Tuning::bulk_consumers, "bulk consumer warps: forward 1-16, backward 1-8"},
     {"GNEXT_BULK_HOLD", &Tuning::bulk_hold, "bulk: chunks per slice kept in shared memory, the rest read again from L2 (rule: where the ring does not hold two slices)"},
-    {"GNEXT_BULK_SUMS", &Tuning::bulk_sums, "bulk NCHW forward statistics: 1 per-lane sums of x minus the group's first element, 0 a Welford merge per vector (rule: 0)"},
     {"GNEXT_BULK_PACE", &Tuning::bulk_pace, "bulk producer loop: 0 counts stages up, 1 computes each chunk's stage before its wait (rule: 0 only for the forward on >= 3.8 TB/s)"},
     {"GNEXT_BULK_CHUNK", &Tuning::bulk_chunk, "bulk forward copy size in bytes, 4096, 8192 or 16384: a consumer warp per 4 KiB (rule: 16384 on >= 3.8 TB/s, 8192 there for streamed slices, else 4096)"},
     {"GNEXT_BULK_TEAMS", &Tuning::bulk_teams, "bulk forward: teams of CTAs, each on its own groups (1: one team of every CTA; rule: the fewest teams of >= 4 CTAs whose slices reach the bulk forward's length, where one team's do not)"},
