@@ -9,6 +9,8 @@ Importing this package loads the compiled library, which registers
 * ``torch.ops.gnext.group_norm_act(input, num_groups, weight, bias, eps, activation, residual)`` and its backward
 * ``torch.ops.gnext.group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value)``:
   ``F.pad(act(GroupNorm(input)), pad, mode, value)`` written in one pass after the statistics
+* ``torch.ops.gnext.group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation)``:
+  ``act(GroupNorm(input) * scale + shift)`` with tensor scale and shift (a spatially conditioned norm)
 * ``torch.ops.gnext.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation,
   residual)`` and its backward (KernelBench L2#92 after the conv)
 
@@ -21,7 +23,7 @@ fake kernels and autograd (one module per op: ``ops/<op>.py``).
 from ._registry import ops
 from ._library import set_tuning, tuning
 from .functional import (conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_logsumexp,
-                         group_norm_act_pad)
+                         group_norm_act_modulate, group_norm_act_pad)
 from .compile_fusion import disable_compile_fusion, enable_compile_fusion
 from .aten_kernels import aten_kernels, aten_kernels_enabled, disable_aten_kernels, enable_aten_kernels
 from .modules import ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct
@@ -29,6 +31,7 @@ from .convert import convert_conv_transpose_gelu_group_norm, convert_group_norm,
 
 __all__ = ["ops", "group_norm", "GroupNorm", "convert_group_norm", "conv_transpose2d_gelu_group_norm",
            "ConvTranspose2dGELUGroupNorm", "convert_conv_transpose_gelu_group_norm", "group_norm_act", "GroupNormAct",
-           "convert_group_norm_act", "group_norm_act_logsumexp", "group_norm_act_pad", "enable_compile_fusion", "disable_compile_fusion",
+           "convert_group_norm_act", "group_norm_act_logsumexp", "group_norm_act_pad", "group_norm_act_modulate",
+           "enable_compile_fusion", "disable_compile_fusion",
            "enable_aten_kernels", "disable_aten_kernels", "aten_kernels_enabled", "aten_kernels", "tuning", "set_tuning"]
 __version__ = "0.2.0"

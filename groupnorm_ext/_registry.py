@@ -8,7 +8,8 @@ import torch
 
 from ._library import ops
 from .ops import (conv_transpose2d_gelu_group_norm, group_norm, group_norm_act, group_norm_act_apply,  # noqa: F401
-                  group_norm_act_logsumexp, group_norm_act_pad, group_norm_moments)
+                  group_norm_act_logsumexp, group_norm_act_modulate, group_norm_act_pad,
+                  group_norm_moments)
 
 
 def mark_flexible_layout() -> None:

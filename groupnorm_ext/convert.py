@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .functional import group_norm_act_pad
+from .functional import group_norm_act_modulate, group_norm_act_pad
 from .modules import ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct
 
 _log = logging.getLogger("groupnorm_ext")
@@ -33,7 +33,8 @@ def convert_group_norm(module: nn.Module, *, return_counts: bool = False):
     Args:
         module: any ``nn.Module``.
         return_counts: also return the counts ``{"group_norm": n, "group_norm_act": 0,
-            "resnet_block2d": 0, "pad_into_conv": 0, "skipped": n}`` (the keys of :func:`convert_group_norm_act`).
+            "resnet_block2d": 0, "pad_into_conv": 0, "spatial_norm": 0, "skipped": n}`` (the keys of
+            :func:`convert_group_norm_act`).
 
     Returns:
         The converted module (``module`` itself unless it is a GroupNorm), or ``(module, counts)``.
@@ -118,7 +119,8 @@ def _from_group_norm(cls, m, *extra, **kwargs) -> nn.GroupNorm:
 
 
 def _new_counts() -> dict:
-    return {"group_norm": 0, "group_norm_act": 0, "resnet_block2d": 0, "pad_into_conv": 0, "skipped": 0}
+    return {"group_norm": 0, "group_norm_act": 0, "resnet_block2d": 0, "pad_into_conv": 0, "spatial_norm": 0,
+            "skipped": 0}
 
 
 def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False) -> nn.Module:
@@ -136,6 +138,7 @@ def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False) -
         return module
     if blocks:
         _fuse_blocks(module, counts)
+        _fuse_spatial_norm(module, counts)
     if act and isinstance(module, nn.Sequential):  # a GroupNorm, then an activation module
         for i in range(len(module) - 1):
             a, b = module[i], module[i + 1]
@@ -182,13 +185,19 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
     * with ``blocks=True``, diffusers' ``ResnetBlock2D``: ``norm1 -> nonlinearity`` and (unless
       ``time_embedding_norm="scale_shift"``) ``norm2 -> nonlinearity`` are called from its
       ``forward``, so the block gets a forward that calls the fused norms (:func:`_fuse_blocks`); the
-      time-embedding path keeps its own activation. Same results and ``state_dict`` keys.
+      time-embedding path keeps its own activation. Same results and ``state_dict`` keys;
+    * with ``blocks=True``, diffusers' ``CogVideoXSpatialNorm3D`` (``group_norm(f) * conv_y + conv_b``, a spatially
+      conditioned norm): its product and sum run in the norm's pass (:func:`group_norm_act_modulate`), and with
+      ``example_inputs``, where its output went only into an activation module, the activation too (counted as
+      ``spatial_norm``). Its forward is checked against diffusers' source (0.35.1); another one is left alone with a
+      warning.
 
     Args:
         module: any ``nn.Module``.
         blocks: fuse the pairs inside diffusers ``ResnetBlock2D`` blocks.
         return_counts: also return ``{"group_norm": n, "group_norm_act": n, "resnet_block2d": n,
-            "pad_into_conv": n, "skipped": n}`` (``pad_into_conv``: fused norms that write padded outputs).
+            "pad_into_conv": n, "spatial_norm": n, "skipped": n}`` (``pad_into_conv``: fused norms that write padded
+            outputs; ``spatial_norm``: modulated norms, with their activation where it was paired).
         example_inputs: arguments of one forward of ``module`` (run under ``torch.no_grad``) to find the
             GroupNorm -> activation pairs by what the forward does (module calls and the ops that consume each
             GroupNorm output).
@@ -357,13 +366,16 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
             m.__dict__["_gnext_trace_out"] = output
 
     def watch(m, _inputs, output):
+        if isinstance(output, tuple):  # a spatial norm: (normalized, conv cache)
+            output = output[0]
         mode.watch[id(output)] = (m, output)
         mode.consumers.setdefault(m, set())
 
+    spatial = [m for m in module.modules() if _is_spatial_norm(m)]
     for m in module.modules():
         handles.append(m.register_forward_pre_hook(push))
         handles.append(m.register_forward_hook(pop))
-    for m in norms:
+    for m in norms + spatial:
         handles.append(m.register_forward_hook(watch))
     try:
         with torch.no_grad(), mode:
@@ -390,6 +402,10 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
     gates = {id(a): _ActivationGate(a) for a in set(pairs.values())}
     fused = {}
     for norm, act in pairs.items():
+        if _is_spatial_norm(norm):  # fused in place: its forward runs the modulated norm and the activation
+            _install_spatial_norm(norm, _activation_name(act), gates[id(act)])
+            counts["spatial_norm"] += 1
+            continue
         if norm in padded:
             padder, pad, pmode, value = padded[norm]
             new = _from_group_norm(_PaddedGroupNormAct, norm, _activation_name(act))
@@ -423,26 +439,28 @@ _PAIRS = ("hidden_states = self.norm1(hidden_states)\n        hidden_states = se
 _checked_forwards: dict = {}
 
 
-def _diffusers_block_ok(cls) -> bool:
+def _source_has(cls, patterns) -> bool:
+    """Whether cls.forward's source contains every pattern (checked once per forward; a warning where not)."""
     fwd = cls.forward
     if fwd not in _checked_forwards:
         try:
             import inspect
 
             src = inspect.getsource(fwd)
-            _checked_forwards[fwd] = all(p in src for p in _PAIRS)
+            _checked_forwards[fwd] = all(p in src for p in patterns)
         except (OSError, TypeError):
             _checked_forwards[fwd] = False
         if not _checked_forwards[fwd]:
-            _log.warning("gnext: %s.forward is not the one gnext knows; its norm/activation pairs stay unfused",
-                         cls.__qualname__)
+            _log.warning("gnext: %s.forward is not the one gnext knows; its norms stay unfused", cls.__qualname__)
+            warnings.warn(f"gnext: {cls.__qualname__}.forward differs from the diffusers source gnext was checked "
+                          "against (0.35.1); its GroupNorms run unfused", stacklevel=4)
     return _checked_forwards[fwd]
 
 
 def _is_resnet_block2d(m: nn.Module) -> bool:
     cls = type(m)
     return (cls.__name__ == "ResnetBlock2D" and cls.__module__.startswith("diffusers.")
-            and "forward" not in m.__dict__ and _diffusers_block_ok(cls))
+            and "forward" not in m.__dict__ and _source_has(cls, _PAIRS))
 
 
 def _resnet_block2d_forward(self, input_tensor, temb, *args, **kwargs):
@@ -481,6 +499,59 @@ def _resnet_block2d_forward(self, input_tensor, temb, *args, **kwargs):
             input_tensor = input_tensor.contiguous()
         input_tensor = self.conv_shortcut(input_tensor)
     return (input_tensor + hidden_states) / self.output_scale_factor
+
+
+# --- diffusers CogVideoXSpatialNorm3D --------------------------------------------------------------------
+# A spatially conditioned norm: its forward interpolates the latents zq to f's size, convolves them into conv_y and
+# conv_b, and returns (group_norm(f) * conv_y + conv_b, conv cache). The fused forward computes the same with
+# group_norm_act_modulate (and the activation its caller applies next, where the trace paired one). Installed only
+# where the class's forward is diffusers' own and its source has the lines below (diffusers 0.35.1), checked once per
+# version.
+_SPATIAL_NORM = ("zq = F.interpolate(zq, size=f.shape[-3:])",
+                 'conv_y, new_conv_cache["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))',
+                 'conv_b, new_conv_cache["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))',
+                 "norm_f = self.norm_layer(f)\n        new_f = norm_f * conv_y + conv_b\n        return new_f, new_conv_cache")
+
+
+def _is_spatial_norm(m: nn.Module) -> bool:
+    cls = type(m)
+    return (cls.__name__ == "CogVideoXSpatialNorm3D" and cls.__module__.startswith("diffusers.")
+            and _plain_group_norm(getattr(m, "norm_layer", None)) and _source_has(cls, _SPATIAL_NORM))
+
+
+def _spatial_norm3d_forward(self, f, zq, conv_cache=None):
+    """diffusers CogVideoXSpatialNorm3D.forward with group_norm(f) * conv_y + conv_b (and the paired activation) in
+    one gnext op."""
+    new_conv_cache = {}
+    conv_cache = conv_cache or {}
+    if f.shape[2] > 1 and f.shape[2] % 2 == 1:
+        f_first, f_rest = f[:, :, :1], f[:, :, 1:]
+        z_first, z_rest = zq[:, :, :1], zq[:, :, 1:]
+        z_first = torch.nn.functional.interpolate(z_first, size=f_first.shape[-3:])
+        z_rest = torch.nn.functional.interpolate(z_rest, size=f_rest.shape[-3:])
+        zq = torch.cat([z_first, z_rest], dim=2)
+    else:
+        zq = torch.nn.functional.interpolate(zq, size=f.shape[-3:])
+    conv_y, new_conv_cache["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
+    conv_b, new_conv_cache["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
+    norm = self.norm_layer
+    act = self.__dict__.get("_gnext_act", "identity")
+    new_f = group_norm_act_modulate(f, norm.num_groups, conv_y, conv_b, norm.weight, norm.bias, norm.eps, act)
+    gate = self.__dict__.get("_gnext_gate")
+    return (new_f if gate is None else gate.announce(new_f)), new_conv_cache
+
+
+def _install_spatial_norm(m: nn.Module, act: str = "identity", gate: "_ActivationGate | None" = None) -> None:
+    m.__dict__["_gnext_act"], m.__dict__["_gnext_gate"] = act, gate
+    m.forward = types.MethodType(_spatial_norm3d_forward, m)
+
+
+def _fuse_spatial_norm(module: nn.Module, counts: dict) -> None:
+    """A CogVideoXSpatialNorm3D not fused by the trace gets the modulated norm without the activation."""
+    if "forward" in module.__dict__ or not _is_spatial_norm(module):
+        return
+    _install_spatial_norm(module)
+    counts["spatial_norm"] += 1
 
 
 def _fuse_blocks(module: nn.Module, counts: dict) -> None:

@@ -203,6 +203,13 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
                                                            double eps, const Pointwise& pro,
                                                            const std::vector<int64_t>& pad, bool replicate,
                                                            double value);
+// act(GroupNorm(x) * scale + shift), scale and shift of input's shape and dtype, in one pass after the statistics;
+// contiguous output, no prologue or residual (group_norm_cuda.cpp).
+std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, const Tensor& input,
+                                                                int64_t num_groups, const OptTensor& weight,
+                                                                const OptTensor& bias, double eps,
+                                                                const Tensor& scale, const Tensor& shift,
+                                                                const Pointwise& pro);
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
     const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro);

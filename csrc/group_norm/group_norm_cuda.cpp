@@ -469,6 +469,46 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
   return {out, mean, rstd};
 }
 
+std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, const Tensor& input,
+                                                                int64_t num_groups, const OptTensor& weight,
+                                                                const OptTensor& bias, double eps,
+                                                                const Tensor& scale, const Tensor& shift,
+                                                                const Pointwise& pro) {
+  const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
+  check_pointwise(op, input, pro);
+  GNEXT_CHECK(pro.kind == kPreNone && !defined(pro.residual), op, ": a modulated output takes no prologue or residual");
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"scale", &scale}, {"shift", &shift}}) {
+    GNEXT_CHECK(same_shape(t->sizes(), input.sizes()), op, ": ", name, ".shape=", shape(*t), " must equal input.shape=",
+                shape(input));
+    GNEXT_CHECK(t->scalar_type() == input.scalar_type(), op, ": ", name, " dtype (", t->scalar_type(),
+                ") must equal input dtype (", input.scalar_type(), ")");
+    GNEXT_CHECK(same_device(*t, input), op, ": ", name, " is on ", device_name(*t), " but input is on ",
+                device_name(input));
+  }
+  DeviceGuard guard(input);
+  Tensor out = empty_on(input, input.sizes(), input.scalar_type());
+  Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
+  Tensor rstd = empty_on(input, {s.N, s.G}, ScalarType::Float);
+  if (input.numel() == 0) {
+    fill_empty_stats(mean, rstd);
+    return {out, mean, rstd};
+  }
+  // The pass walks NCHW rows: x, scale and shift contiguous (copied where they are not).
+  const Tensor x = contig(input), sc = contig(scale), sh = contig(shift);
+  const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
+  const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
+  gn::Request req = request_of(x, Pointwise{});
+  req.aligned = aligned16({x.data_ptr()});
+  const Plan plan = gn::plan_stats(s, req, plan_device(), gn::tuning());
+  const cudaStream_t stream = current_stream(x);
+  const ScalarKind t = scalar_kind(input.scalar_type());
+  const TwoPassStats st = two_pass_stats(t, s, plan.reduce, x, gn::PwArgs{}, w, b, mean, rstd, eps, stream);
+  gn::PwArgs pw = pw_args(pro, Tensor(), nullptr, w, b);
+  GNEXT_CUDA_CHECK(gn::launch_affine_modulate(t, s.N * s.C, s.HxW, x.data_ptr(), sc.data_ptr(), sh.data_ptr(),
+                                              out.data_ptr(), st.coef, pw, plan_device().sms, stream));
+  return {out, mean, rstd};
+}
+
 namespace {
 
 // The checks of a split backward pass (arguments, activation, GroupNorm bias); returns the problem sizes.

@@ -17,9 +17,9 @@ training steps. Rows (random weights, real image input from skimage.data.astrona
                                 blocks, 16 latent channels), fp16, 1x16x5x64x64 random latents -> 17 frames of
                                 512x512 (the converter traces it with example_inputs: its blocks have no rule)
   cogvideox-fp16                diffusers AutoencoderKLCogVideoX decode (default layout; its GroupNorms feed a
-                                spatial modulation, not an activation: converted, none fused), fp16,
-                                1x16x5x64x64 random latents -> 17 frames of 512x512, through vae.decode (frame
-                                batches with its conv cache)
+                                spatial modulation, then a SiLU: the converter traces it and runs both in
+                                group_norm_act_modulate), fp16, 1x16x5x64x64 random latents -> 17 frames of
+                                512x512, through vae.decode (frame batches with its conv cache)
 
 Variants: original eager; gnext eager (groupnorm_ext.convert_group_norm_act, which also fuses diffusers'
 ResnetBlock2D pairs); gnext-aten: the original model, unedited, with groupnorm_ext.enable_aten_kernels() on
@@ -59,8 +59,9 @@ import groupnorm_ext as ge  # noqa: E402
 from groupnorm_ext import compile_fusion  # noqa: E402
 
 VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
-# Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)).
-EXTRA_VARIANTS = ("gnext-nopad",)
+# Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)),
+# and without its modulated spatial norms (CogVideoX's, back on their own forwards).
+EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod")
 
 
 def image(size, n):
@@ -227,7 +228,7 @@ def no_caches():
 # Per-round ratios: (variant, its baseline); the two ran in the same round, so slow phases of the shared
 # machine that span a round cancel.
 PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("compile+fusion", "compile"),
-         ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"))
+         ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"), ("gnext-nomod", "eager"), ("gnext", "gnext-nomod"))
 
 
 def paired(times):
@@ -277,6 +278,12 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
             copy.deepcopy(orig), return_counts=True, pad_into_conv=False,
             example_inputs=args if row in TRACED_ROWS else None)
         fns["gnext-nopad"] = step_fn(nopad, args, train)
+    if "gnext-nomod" in variants:  # the converter without its spatial norms (CogVideoX): their own forwards back
+        nomod = copy.deepcopy(conv)
+        for m in nomod.modules():
+            if type(m).__name__ == "CogVideoXSpatialNorm3D":
+                m.__dict__.pop("forward", None)
+        fns["gnext-nomod"] = step_fn(nomod, args, train)
     outs, t_compile = {}, {}
     graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
     if "compile" in variants:
@@ -349,7 +356,8 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
 
 LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gnext-aten eager ms (x)",
           "compile": "compile ms (x)", "compile+fusion": "compile + fusion ms (x)",
-          "gnext-nopad": "gnext eager, no padded outputs ms (x)"}
+          "gnext-nopad": "gnext eager, no padded outputs ms (x)",
+          "gnext-nomod": "gnext eager, no modulated norms ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):

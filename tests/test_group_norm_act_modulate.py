@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""group_norm_act_modulate: act(GroupNorm(x) * scale + shift) with tensor scale and shift, against a float64
+reference (conftest.reference's GroupNorm, PyTorch's activations), forward and the gradients of input, weight, bias,
+scale and shift, on odd sizes and every layout; its argument errors; and the converter on diffusers' CogVideoX
+decoder (CogVideoXSpatialNorm3D), with and without a traced activation."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import groupnorm_ext as ge
+
+from conftest import (BWD_TOL, DEVICES, FWD_TOL, LAYOUTS, act_ref, assert_close_to_ref, gn_decomposed, layout_input,
+                      poison, reference)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+IDS = ["fp32", "fp16", "bf16"]
+
+
+def _check(device, dtype, shape, G, act, layout="contiguous", affine=True, seed=0, offset=2.0, backward=True,
+           fwd_tol=FWD_TOL, bwd_tol=BWD_TOL):
+    gen = torch.Generator().manual_seed(seed)
+    x = layout_input(shape, dtype, device, layout, 3.0, offset, gen)
+    s = layout_input(shape, dtype, device, layout, 0.5, 1.0, gen)  # scale around 1, shift around -0.5
+    t = layout_input(shape, dtype, device, layout, 1.0, -0.5, gen)
+    C = shape[1]
+    w = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5 + 1).to(device) if affine else None
+    b = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(device) if affine else None
+    n_ref, _, _ = reference(x, G, w, b, 1e-5)
+    ref = act_ref(n_ref * s.double() + t.double(), act)
+    poison(device, ref.numel() * 4)
+    xr, sr, tr = (v.detach().requires_grad_(backward) for v in (x, s, t))
+    wr = w.to(dtype).requires_grad_(backward) if affine else None
+    br = b.to(dtype).requires_grad_(backward) if affine else None
+    out = ge.group_norm_act_modulate(xr, G, sr, tr, wr, br, 1e-5, act)
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert_close_to_ref(out.detach(), ref, dtype, fwd_tol)
+    if not backward:
+        return
+    dy = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device)
+    out.backward(dy.to(dtype))
+    xd, sd, td = (v.detach().double().requires_grad_() for v in (x, s, t))
+    wd = w.detach().clone().requires_grad_() if affine else None
+    bd = b.detach().clone().requires_grad_() if affine else None
+    act_ref(gn_decomposed(xd, G, wd, bd) * sd + td, act).backward(dy)
+    for got, want in ((xr, xd), (sr, sd), (tr, td)) + (((wr, wd), (br, bd)) if affine else ()):
+        assert_close_to_ref(got.grad, want.grad, dtype, bwd_tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape,G", [
+    ((2, 12, 5, 9, 8), 4),   # 5-D, rows of 360 (whole vectors)
+    ((1, 8, 3, 6, 10), 8),   # G = C
+    ((3, 6, 7, 5), 1),       # 4-D, G = 1, rows of 35 elements (no whole vectors: the scalar kernel)
+    ((2, 4, 11), 2),         # 3-D
+    ((1, 16, 1, 1), 4),      # HxW = 1
+    ((1, 4, 4, 3000), 2),    # rows of several CTAs
+])
+def test_matches_float64_reference(device, dtype, shape, G):
+    _check(device, dtype, shape, G, "silu", seed=len(shape) + shape[-1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", ["identity", "relu", "gelu", "tanh_hardswish"])
+def test_activations(device, act):
+    _check(device, torch.float32, (2, 12, 3, 10, 8), 3, act, seed=3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts(device, layout):
+    """Channels_last, permuted and sliced (unaligned) x, scale and shift: copied to contiguous, same values."""
+    _check(device, torch.float16, (2, 8, 3, 12, 10), 4, "silu", layout=layout, seed=5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_affine_large_mean(device):
+    """Mean 300, std 3 (as test_group_norm_act_pad's: ulp(300) / 2 bounds a float32 GroupNorm's error)."""
+    _check(device, torch.float32, (1, 6, 4, 9, 11), 3, "silu", affine=False, offset=300.0, seed=7,
+           fwd_tol={torch.float32: 4e-5}, bwd_tol={torch.float32: 4e-4})
+
+
+@pytest.mark.gpu
+def test_cuda_graph_and_compile():
+    x = torch.randn(2, 16, 3, 20, 18, device="cuda", dtype=torch.float16) + 1
+    s, t = torch.randn_like(x), torch.randn_like(x)
+    w, b = torch.randn(16, device="cuda"), torch.randn(16, device="cuda")
+    ref = ge.group_norm_act_modulate(x, 4, s, t, w, b, 1e-5, "silu")
+    f = torch.compile(lambda a: ge.group_norm_act_modulate(a, 4, s, t, w, b, 1e-5, "silu"), fullgraph=True)
+    torch.testing.assert_close(f(x), ref, rtol=0, atol=0)
+    static = x.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ge.group_norm_act_modulate(static, 4, s, t, w, b, 1e-5, "silu")
+    static.copy_(x * 2)
+    g.replay()
+    torch.testing.assert_close(out, ge.group_norm_act_modulate(x * 2, 4, s, t, w, b, 1e-5, "silu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    """Schema, fake kernel, autograd registration and AOT dispatch (torch.library.opcheck)."""
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(2, 8, 3, 5, generator=gen) + 1).to(device)
+    s, t = torch.randn(x.shape, generator=gen).to(device), torch.randn(x.shape, generator=gen).to(device)
+    w, b = torch.randn(8, generator=gen).to(device), torch.randn(8, generator=gen).to(device)
+    op = torch.ops.gnext.group_norm_act_modulate.default
+    torch.library.opcheck(op, (x, 4, w, b, 1e-5, s, t, "silu"))
+    torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w.clone().requires_grad_(), None, 1e-5,
+                               s.clone().requires_grad_(), t, "identity"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    x = torch.randn(0, 8, 3, 4, 5, device=device)
+    assert ge.group_norm_act_modulate(x, 4, x, x).shape == x.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors(device):
+    x = torch.randn(1, 8, 3, 4, device=device)
+    with pytest.raises(RuntimeError, match=r"scale.shape=\[1, 8, 3, 5\] must equal input.shape=\[1, 8, 3, 4\]"):
+        ge.group_norm_act_modulate(x, 4, torch.randn(1, 8, 3, 5, device=device), x)
+    with pytest.raises(RuntimeError, match=r"shift dtype \(Half\) must equal input dtype \(Float\)"):
+        ge.group_norm_act_modulate(x, 4, x, x.half())
+    with pytest.raises(RuntimeError, match="must be divisible by num_groups"):
+        ge.group_norm_act_modulate(x, 3, x, x)
+    with pytest.raises(RuntimeError, match="activation"):
+        ge.group_norm_act_modulate(x, 4, x, x, activation="swish")
+    with pytest.raises(RuntimeError, match="input dtype must be float32, float16 or bfloat16"):
+        xi = torch.ones(1, 8, 3, 4, dtype=torch.int32, device=device)
+        ge.group_norm_act_modulate(xi, 4, xi, xi)
+
+
+@pytest.mark.gpu
+def test_errors_mixed_devices():
+    x = torch.randn(1, 8, 3, 4, device="cuda")
+    with pytest.raises(RuntimeError, match="scale is on cpu but input is on cuda"):
+        ge.group_norm_act_modulate(x, 4, x.cpu(), x)
+
+
+def _cogvideox_decoder(device):
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLCogVideoX(
+        block_out_channels=(32, 32, 32, 32), norm_num_groups=8, latent_channels=4, layers_per_block=1).to(device).eval()
+    with torch.no_grad():
+        for p in vae.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return vae
+
+
+def _spatial_norms(model):
+    return [m for m in model.modules() if type(m).__name__ == "CogVideoXSpatialNorm3D"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("traced", [False, True], ids=["blocks", "traced"])
+def test_diffusers_cogvideox_decoder(device, traced, monkeypatch, no_tf32):
+    """Every CogVideoXSpatialNorm3D of the decoder becomes one group_norm_act_modulate call (traced: with the SiLU
+    its block applies next, which then passes the norm's output through); the decode equals the original's."""
+    vae = _cogvideox_decoder(device)
+    z = torch.randn(1, 4, 3, 8, 8, device=device)
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    n_spatial = len(_spatial_norms(vae))
+    if traced:
+        dec, counts = ge.convert_group_norm_act(vae.decoder, return_counts=True, example_inputs=(z,))
+    else:  # the SiLUs stay apart: the converter says so
+        with pytest.warns(UserWarning, match="none fused with an activation"):
+            dec, counts = ge.convert_group_norm_act(vae.decoder, return_counts=True)
+    assert counts["spatial_norm"] == n_spatial > 0, counts
+    calls = []
+    real = ge.convert.group_norm_act_modulate
+
+    def spy(*args):
+        calls.append(args[7])
+        return real(*args)
+
+    monkeypatch.setattr(ge.convert, "group_norm_act_modulate", spy)
+    with torch.no_grad():
+        out = vae.decode(z).sample
+    assert len(calls) >= n_spatial
+    assert set(calls) == ({"silu"} if traced else {"identity"}), calls
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_spatial_norm_of_another_source_is_left_alone():
+    """A CogVideoXSpatialNorm3D whose class forward differs from the source gnext checked keeps its forward and
+    warns (here: a subclass in diffusers' module namespace with its own forward)."""
+    diffusers = pytest.importorskip("diffusers")
+    from diffusers.models.autoencoders import autoencoder_kl_cogvideox as cog
+
+    class CogVideoXSpatialNorm3D(cog.CogVideoXSpatialNorm3D):
+        def forward(self, f, zq, conv_cache=None):
+            return self.norm_layer(f), {}
+
+    CogVideoXSpatialNorm3D.__module__ = cog.__name__
+    m = nn.Sequential(CogVideoXSpatialNorm3D(8, 4, groups=4))
+    with pytest.warns(UserWarning, match="differs from the diffusers source"):
+        _, counts = ge.convert_group_norm_act(m, return_counts=True)
+    assert counts["spatial_norm"] == 0 and "forward" not in m[0].__dict__
+    assert diffusers is not None
