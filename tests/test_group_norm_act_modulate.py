@@ -5,6 +5,8 @@ scale and shift, on odd sizes and every layout; its argument errors; and the con
 decoder (CogVideoXSpatialNorm3D), with and without a traced activation."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -203,3 +205,30 @@ def test_spatial_norm_of_another_source_is_left_alone():
         _, counts = ge.convert_group_norm_act(m, return_counts=True)
     assert counts["spatial_norm"] == 0 and "forward" not in m[0].__dict__
     assert diffusers is not None
+
+
+def test_converted_spatial_norm_compiles_without_breaks():
+    """A traced CogVideoXSpatialNorm3D -> SiLU pair under torch.compile(fullgraph=True): the modulated norm, its gate
+    and the activation trace in one graph, and the result equals the original's."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXSpatialNorm3D
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.act = CogVideoXSpatialNorm3D(8, 4, groups=4), nn.SiLU()
+
+        def forward(self, f, zq):
+            return self.act(self.norm(f, zq)[0])
+
+    torch.manual_seed(5)
+    model = Block().eval()
+    f, zq = torch.randn(1, 8, 3, 6, 6) + 1, torch.randn(1, 4, 2, 3, 3)
+    with torch.no_grad():
+        ref = model(f, zq)
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(model), example_inputs=(f, zq), return_counts=True)
+    assert counts["spatial_norm"] == 1, counts
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(conv, fullgraph=True, backend="aot_eager")(f, zq)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
