@@ -94,12 +94,15 @@ def check_stats_args(op, s, input, mean, rstd):
         _check(t.device == input.device, lambda: f"{op}: {name} is on {t.device} but input is on {input.device}")
 
 
+def check_same_as_input(op, name, t, input):
+    """t (the residual, a modulation's scale or shift) must have input's shape, dtype and device."""
+    _check(t.shape == input.shape, lambda: f"{op}: {name}.shape={_shape(t)} must equal input.shape={_shape(input)}")
+    _check_like_input(op, name, t, input)
+
+
 def check_residual(op, input, residual):
-    if residual is None:
-        return
-    _check(residual.shape == input.shape,
-           lambda: f"{op}: residual.shape={_shape(residual)} must equal input.shape={_shape(input)}")
-    _check_like_input(op, "residual", residual, input)
+    if residual is not None:
+        check_same_as_input(op, "residual", residual, input)
 
 
 def parse_activation(op, activation):

@@ -155,20 +155,22 @@ struct Pointwise {
   OptTensor gn_bias;   // backward with an activation: GroupNorm's beta, to recompute act's input
 };
 
+// t (the residual, a modulation's scale or shift) must have input's shape, dtype and device.
+inline void check_like_input(const char* op, const char* name, const Tensor& t, const Tensor& input) {
+  GNEXT_CHECK(same_shape(t.sizes(), input.sizes()), op, ": ", name, ".shape=", shape(t), " must equal input.shape=",
+              shape(input));
+  GNEXT_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " dtype (", t.scalar_type(),
+              ") must equal input dtype (", input.scalar_type(), ")");
+  GNEXT_CHECK(same_device(t, input), op, ": ", name, " is on ", device_name(t), " but input is on ",
+              device_name(input));
+}
+
 inline void check_pointwise(const char* op, const Tensor& input, const Pointwise& pro) {
   GNEXT_CHECK(pro.kind >= kPreNone && pro.kind <= kPreBiasGeluTanh, op, ": unknown prologue kind ", pro.kind);
   GNEXT_CHECK(pro.act >= kActIdentity && pro.act < kActCount, op, ": unknown activation kind ", pro.act);
   GNEXT_CHECK(pro.kind == kPreNone || (pro.act == kActIdentity && !defined(pro.residual)), op,
               ": a prologue and an epilogue cannot be combined");
-  if (defined(pro.residual)) {
-    const Tensor& r = *pro.residual;
-    GNEXT_CHECK(same_shape(r.sizes(), input.sizes()), op, ": residual.shape=", shape(r), " must equal input.shape=",
-                shape(input));
-    GNEXT_CHECK(r.scalar_type() == input.scalar_type(), op, ": residual dtype (", r.scalar_type(),
-                ") must equal input dtype (", input.scalar_type(), ")");
-    GNEXT_CHECK(same_device(r, input), op, ": residual is on ", device_name(r), " but input is on ",
-                device_name(input));
-  }
+  if (defined(pro.residual)) check_like_input(op, "residual", *pro.residual, input);
   if (!defined(pro.bias)) return;
   const Tensor& b = *pro.bias;
   GNEXT_CHECK(b.dim() == 1 && b.size(0) == input.size(1) && b.is_contiguous(), op,

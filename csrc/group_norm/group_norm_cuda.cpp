@@ -425,6 +425,36 @@ Tensor group_norm_apply_cuda_pre(const char* op, const Tensor& input, const Tens
   return out;
 }
 
+namespace {
+
+// The statistics of the ops whose second pass walks NCHW rows (padded and modulated outputs): x (and weight/bias)
+// contiguous, the two-pass reduction into mean/rstd and the rows' coefficients (st.coef), pw the output activation.
+struct NchwStats {
+  Tensor x;
+  OptTensor w, b;
+  cudaStream_t stream;
+  ScalarKind t;
+  TwoPassStats st;
+  gn::PwArgs pw;
+};
+NchwStats nchw_stats(const Problem& s, const Tensor& input, const OptTensor& weight, const OptTensor& bias,
+                     const Tensor& mean, const Tensor& rstd, double eps, const Pointwise& pro) {
+  NchwStats r;
+  r.x = contig(input);
+  r.w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
+  r.b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
+  gn::Request req = request_of(r.x, Pointwise{});
+  req.aligned = aligned16({r.x.data_ptr()});
+  const Plan plan = gn::plan_stats(s, req, plan_device(), gn::tuning());
+  r.stream = current_stream(r.x);
+  r.t = scalar_kind(input.scalar_type());
+  r.st = two_pass_stats(r.t, s, plan.reduce, r.x, gn::PwArgs{}, r.w, r.b, mean, rstd, eps, r.stream);
+  r.pw = pw_args(pro, Tensor(), nullptr, r.w, r.b);
+  return r;
+}
+
+}  // namespace
+
 std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
                                                            const OptTensor& weight, const OptTensor& bias,
                                                            double eps, const Pointwise& pro,
@@ -444,15 +474,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
     return {out, mean, rstd};
   }
   // The statistics pass reads x in its own layout (NCHW or NHWC); the padded pass needs NCHW rows.
-  const Tensor x = contig(input);
-  const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
-  const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
-  gn::Request req = request_of(x, Pointwise{});
-  req.aligned = aligned16({x.data_ptr()});
-  const Plan plan = gn::plan_stats(s, req, plan_device(), gn::tuning());
-  const cudaStream_t stream = current_stream(x);
-  const ScalarKind t = scalar_kind(input.scalar_type());
-  const TwoPassStats st = two_pass_stats(t, s, plan.reduce, x, gn::PwArgs{}, w, b, mean, rstd, eps, stream);
+  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro);
   // (NC, D, H, W) of x and out, the spatial dims right-aligned (a 4-D input has D = 1).
   const int64_t sd = input.dim() - 2;
   int64_t in[3] = {1, 1, 1}, op_[3] = {1, 1, 1};
@@ -463,9 +485,8 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
   }
   for (size_t k = 0; k < pad.size() / 2; ++k) lo[2 - k] = static_cast<int>(pad[2 * k]);
   gn::PadShape ps{s.N * s.C, s.C, in[0], in[1], in[2], op_[0], op_[1], op_[2], lo[0], lo[1], lo[2]};
-  gn::PwArgs pw = pw_args(pro, Tensor(), nullptr, w, b);
-  GNEXT_CUDA_CHECK(gn::launch_affine_pad(t, ps, x.data_ptr(), out.data_ptr(), st.coef, pw, replicate,
-                                       static_cast<float>(value), plan_device().sms, stream));
+  GNEXT_CUDA_CHECK(gn::launch_affine_pad(ns.t, ps, ns.x.data_ptr(), out.data_ptr(), ns.st.coef, ns.pw, replicate,
+                                       static_cast<float>(value), plan_device().sms, ns.stream));
   return {out, mean, rstd};
 }
 
@@ -477,14 +498,8 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
   const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
   check_pointwise(op, input, pro);
   GNEXT_CHECK(pro.kind == kPreNone && !defined(pro.residual), op, ": a modulated output takes no prologue or residual");
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"scale", &scale}, {"shift", &shift}}) {
-    GNEXT_CHECK(same_shape(t->sizes(), input.sizes()), op, ": ", name, ".shape=", shape(*t), " must equal input.shape=",
-                shape(input));
-    GNEXT_CHECK(t->scalar_type() == input.scalar_type(), op, ": ", name, " dtype (", t->scalar_type(),
-                ") must equal input dtype (", input.scalar_type(), ")");
-    GNEXT_CHECK(same_device(*t, input), op, ": ", name, " is on ", device_name(*t), " but input is on ",
-                device_name(input));
-  }
+  check_like_input(op, "scale", scale, input);
+  check_like_input(op, "shift", shift, input);
   DeviceGuard guard(input);
   Tensor out = empty_on(input, input.sizes(), input.scalar_type());
   Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
@@ -494,18 +509,12 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
     return {out, mean, rstd};
   }
   // The pass walks NCHW rows: x, scale and shift contiguous (copied where they are not).
-  const Tensor x = contig(input), sc = contig(scale), sh = contig(shift);
-  const OptTensor w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
-  const OptTensor b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
-  gn::Request req = request_of(x, Pointwise{});
-  req.aligned = aligned16({x.data_ptr()});
-  const Plan plan = gn::plan_stats(s, req, plan_device(), gn::tuning());
-  const cudaStream_t stream = current_stream(x);
-  const ScalarKind t = scalar_kind(input.scalar_type());
-  const TwoPassStats st = two_pass_stats(t, s, plan.reduce, x, gn::PwArgs{}, w, b, mean, rstd, eps, stream);
-  gn::PwArgs pw = pw_args(pro, Tensor(), nullptr, w, b);
-  GNEXT_CUDA_CHECK(gn::launch_affine_modulate(t, s.N * s.C, s.HxW, x.data_ptr(), sc.data_ptr(), sh.data_ptr(),
-                                              out.data_ptr(), st.coef, pw, plan_device().sms, stream));
+  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro);
+  const Tensor sc = contig(scale), sh = contig(shift);
+  const bool aligned = aligned16({ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(), out.data_ptr()});
+  GNEXT_CUDA_CHECK(gn::launch_affine_modulate(ns.t, s.N * s.C, s.HxW, ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(),
+                                              out.data_ptr(), aligned, ns.st.coef, ns.pw, plan_device().sms,
+                                              ns.stream));
   return {out, mean, rstd};
 }
 

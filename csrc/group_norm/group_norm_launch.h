@@ -367,10 +367,11 @@ struct PadShape {
 cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, void* out, const float* coef,
                               const PwArgs& pw, bool replicate, float value, int sm_count, cudaStream_t stream);
 // out = act((coef.y * (x - coef.x) + coef.w) * scale + shift) over `rows` rows (n, c) of HxW elements, x, scale, shift
-// and out NCHW-contiguous, coef per row (group_norm_modulate.cu). pw: an output activation only.
+// and out NCHW-contiguous, coef per row (group_norm_modulate.cu); aligned: all four 16-byte aligned (16-byte vectors
+// where HxW allows). pw: an output activation only.
 cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, const void* x, const void* scale,
-                                   const void* shift, void* out, const float* coef, const PwArgs& pw, int sm_count,
-                                   cudaStream_t stream);
+                                   const void* shift, void* out, bool aligned, const float* coef, const PwArgs& pw,
+                                   int sm_count, cudaStream_t stream);
 
 }  // namespace gn
 }  // namespace gnext

@@ -57,19 +57,17 @@ __global__ void __launch_bounds__(kModThreads)
   }
 }
 
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 }  // namespace
 
 cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, const void* x, const void* scale,
-                                   const void* shift, void* out, const float* coef, const PwArgs& pw, int sm_count,
-                                   cudaStream_t stream) {
+                                   const void* shift, void* out, bool aligned, const float* coef, const PwArgs& pw,
+                                   int sm_count, cudaStream_t stream) {
   if (rows <= 0 || HxW <= 0) return cudaSuccess;
   if (pw_pre(pw.mode) != kPreNone || pw.residual != nullptr) return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) {
     using T = decltype(tt);
     constexpr int VW = 16 / sizeof(T);
-    const bool wide = HxW % VW == 0 && aligned(x, 16) && aligned(scale, 16) && aligned(shift, 16) && aligned(out, 16);
+    const bool wide = aligned && HxW % VW == 0;
     const int V = wide ? VW : 1;
     // One trip per thread while the grid stays within ~16 waves of 8 CTAs per SM; longer rows loop.
     const int64_t per_row = (HxW + int64_t{kModThreads} * kModUnroll * V - 1) / (int64_t{kModThreads} * kModUnroll * V);

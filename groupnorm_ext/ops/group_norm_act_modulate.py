@@ -12,16 +12,14 @@ import torch
 
 from .. import _autograd, _cpu
 from .._autograd import _call_backward, _cast
-from .._cpu import _check, _check_like_input, _group_norm, act_backward, apply_act, check_group_norm_args, \
+from .._cpu import _group_norm, act_backward, apply_act, check_group_norm_args, check_same_as_input, \
     parse_activation
 
 
 def check_modulation(op, input, scale, shift):
     """scale and shift: input's shape, dtype and device (as the CUDA op checks them)."""
-    for t, name in ((scale, "scale"), (shift, "shift")):
-        _check(t.shape == input.shape,
-               lambda: f"{op}: {name}.shape={list(t.shape)} must equal input.shape={list(input.shape)}")
-        _check_like_input(op, name, t, input)
+    check_same_as_input(op, "scale", scale, input)
+    check_same_as_input(op, "shift", shift, input)
 
 
 @torch.library.register_fake("gnext::group_norm_act_modulate")
