@@ -52,8 +52,8 @@ def _modulate_save(ctx, inputs, output):
 
 
 def _modulate_grads(ctx, need, grad_out):
-    """In the input's dtype, as eager autograd computes the same chain (float32 copies of these full-size tensors
-    cost 4x the time on the H200)."""
+    """In the input's dtype, as eager autograd computes the same chain: float32 copies of these full-size tensors
+    were 3x slower (docs/decisions/modulated-output.md)."""
     input, weight, bias, scale, shift, mean, rstd = ctx.saved_tensors
     none = (None,) * 8
     if grad_out is None or not any(need):
