@@ -519,19 +519,35 @@ def _is_spatial_norm(m: nn.Module) -> bool:
             and _plain_group_norm(getattr(m, "norm_layer", None)) and _source_has(cls, _SPATIAL_NORM))
 
 
+def _pointwise_conv(m: nn.Module) -> bool:
+    """m (a CogVideoXCausalConv3d) convolves each position alone: a 1x1x1 kernel, stride 1, no padding or
+    dilation, one group (its conv cache, a copy of its input, is then never read)."""
+    c = getattr(m, "conv", None)
+    return (isinstance(c, nn.Conv3d) and getattr(m, "time_kernel_size", None) == 1 and c.kernel_size == (1, 1, 1)
+            and c.stride == (1, 1, 1) and c.padding == (0, 0, 0) and c.dilation == (1, 1, 1) and c.groups == 1)
+
+
 def _spatial_norm3d_forward(self, f, zq, conv_cache=None):
     """diffusers CogVideoXSpatialNorm3D.forward with group_norm(f) * conv_y + conv_b (and the paired activation) in
-    one gnext op."""
+    one gnext op.
+
+    Where conv_y and conv_b are pointwise and zq is not larger than f in height and width, they convolve zq at its
+    own height and width (upsampled along time only) and the op upsamples them to f's by nearest neighbour as it
+    reads them: a pointwise convolution commutes with nearest upsampling, so the values are the original's (to the
+    convolution's rounding), and no full-size upsampled latents, convolution outputs or bias additions are made.
+    Their conv caches then hold the smaller latents; a 1x1x1 causal convolution never reads its cache."""
     new_conv_cache = {}
     conv_cache = conv_cache or {}
+    low = (zq.shape[-2] <= f.shape[-2] and zq.shape[-1] <= f.shape[-1] and _pointwise_conv(self.conv_y)
+           and _pointwise_conv(self.conv_b))
+    hw = tuple(zq.shape[-2:]) if low else tuple(f.shape[-2:])
     if f.shape[2] > 1 and f.shape[2] % 2 == 1:
-        f_first, f_rest = f[:, :, :1], f[:, :, 1:]
         z_first, z_rest = zq[:, :, :1], zq[:, :, 1:]
-        z_first = torch.nn.functional.interpolate(z_first, size=f_first.shape[-3:])
-        z_rest = torch.nn.functional.interpolate(z_rest, size=f_rest.shape[-3:])
+        z_first = torch.nn.functional.interpolate(z_first, size=(1,) + hw)
+        z_rest = torch.nn.functional.interpolate(z_rest, size=(f.shape[2] - 1,) + hw)
         zq = torch.cat([z_first, z_rest], dim=2)
     else:
-        zq = torch.nn.functional.interpolate(zq, size=f.shape[-3:])
+        zq = torch.nn.functional.interpolate(zq, size=(f.shape[2],) + hw)
     conv_y, new_conv_cache["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
     conv_b, new_conv_cache["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
     norm = self.norm_layer

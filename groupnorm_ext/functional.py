@@ -11,6 +11,7 @@ from ._registry import ops  # noqa: F401  (the compiled library, fake and CPU ke
 from . import _cpu
 from ._autograd import eager as _eager
 from .ops import group_norm_act_pad as _pad_op
+from .ops import group_norm_act_modulate as _modulate_op
 
 _group_norm = _eager["group_norm"]
 _group_norm_act = _eager["group_norm_act"]
@@ -215,33 +216,44 @@ def group_norm_act_modulate(
     activation: str = "identity",
 ) -> torch.Tensor:
     r"""``act(group_norm(input) * scale + shift)`` in one op, with ``scale`` and ``shift`` tensors of ``input``'s
-    shape: a spatially conditioned GroupNorm (Zhu et al. 2022, MoVQ), as in CogVideoX's decoder, where both are
-    convolved from the latents and an activation follows.
+    shape, or of smaller height and width that are upsampled by nearest neighbour: a spatially conditioned GroupNorm
+    (Zhu et al. 2022, MoVQ), as in CogVideoX's decoder, where both are convolved from the latents and an activation
+    follows.
 
     GroupNorm as :func:`group_norm` (Wu & He 2018)::
 
-        out[n, c, s] = act(group_norm(input)[n, c, s] * scale[n, c, s] + shift[n, c, s])
+        out[n, c, s] = act(group_norm(input)[n, c, s] * up(scale)[n, c, s] + up(shift)[n, c, s])
+
+    with ``up(t) = F.interpolate(t, size=input.shape[2:], mode="nearest")`` where ``t`` is smaller (the same source
+    element per output element as PyTorch's ``nearest`` mode), else ``t``.
 
     On CUDA the statistics pass reads ``input`` once, then one pass reads ``input``, ``scale`` and ``shift`` and
-    writes ``out`` (4 reads + 1 write of the tensor, against 9 passes for the group norm, the product, the sum and
-    the activation as separate ops, none of whose intermediates is allocated here).
+    writes ``out`` (4 reads + 1 write of the tensor with full-size ``scale`` and ``shift``; 2 reads + 1 write and
+    the small tensors when they are smaller, which are never upsampled in memory; unfused, the group norm, the
+    product, the sum and the activation take 9 passes).
 
     Args:
         input, num_groups, weight, bias, eps: as :func:`group_norm`; a channels_last input is made contiguous first.
-        scale, shift: tensors of ``input``'s shape, dtype and device (any strides; copied to contiguous).
+        scale, shift: tensors of ``input``'s dtype and device and the same shape, either ``input``'s shape or, for a
+            4-D ``(N, C, H, W)`` or 5-D ``(N, C, D, H, W)`` input, ``(N, C, h, w)`` or ``(N, C, D, h, w)`` with
+            ``1 <= h <= H`` and ``1 <= w <= W`` (any strides; copied to contiguous).
         activation: as :func:`group_norm_act` (default ``"identity"``: no activation).
 
     Returns:
         Contiguous tensor of ``input``'s shape and dtype.
 
     Raises:
-        RuntimeError: as :func:`group_norm_act`; ``scale`` or ``shift`` of another shape, dtype or device.
+        RuntimeError: as :func:`group_norm_act`; ``scale`` or ``shift`` of another dtype or device, of a shape
+        other than the above, or of shapes that differ from each other; smaller ``scale`` and ``shift`` with a
+        per-channel plane ``D * H * W`` of ``2**31 - 4096`` elements or more.
 
     Differentiable in input, weight, bias, scale and shift; traceable by ``torch.compile(fullgraph=True)``.
     """
     if input.dtype == torch.float64:  # ATen's ops, as group_norm
         act = _cpu.parse_activation("gnext.group_norm_act_modulate", activation)
+        _modulate_op.check_modulation("gnext.group_norm_act_modulate", input, scale, shift)
         n = torch.nn.functional.group_norm(input, num_groups, weight, bias, eps)
+        scale, shift = _modulate_op.upsample(scale, input), _modulate_op.upsample(shift, input)
         return _cpu.apply_act(torch.addcmul(shift, n, scale), act).contiguous()
     return _group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation)
 

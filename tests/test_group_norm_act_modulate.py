@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import groupnorm_ext as ge
@@ -20,17 +21,23 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 IDS = ["fp32", "fp16", "bf16"]
 
 
+def _up(t, like):
+    """t upsampled to like's size by nearest neighbour (float64 on the CPU: PyTorch's own source indices)."""
+    return t if t.shape == like.shape else F.interpolate(t, size=like.shape[2:], mode="nearest")
+
+
 def _check(device, dtype, shape, G, act, layout="contiguous", affine=True, seed=0, offset=2.0, backward=True,
-           fwd_tol=FWD_TOL, bwd_tol=BWD_TOL):
+           fwd_tol=FWD_TOL, bwd_tol=BWD_TOL, small=None):
+    """small: the shape of scale and shift where smaller than x's (nearest-upsampled by the op)."""
     gen = torch.Generator().manual_seed(seed)
     x = layout_input(shape, dtype, device, layout, 3.0, offset, gen)
-    s = layout_input(shape, dtype, device, layout, 0.5, 1.0, gen)  # scale around 1, shift around -0.5
-    t = layout_input(shape, dtype, device, layout, 1.0, -0.5, gen)
+    s = layout_input(small or shape, dtype, device, layout, 0.5, 1.0, gen)  # scale around 1, shift around -0.5
+    t = layout_input(small or shape, dtype, device, layout, 1.0, -0.5, gen)
     C = shape[1]
     w = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5 + 1).to(device) if affine else None
     b = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(device) if affine else None
     n_ref, _, _ = reference(x, G, w, b, 1e-5)
-    ref = act_ref(n_ref * s.double() + t.double(), act)
+    ref = act_ref(n_ref * _up(s.double(), x) + _up(t.double(), x), act)
     poison(device, ref.numel() * 4)
     xr, sr, tr = (v.detach().requires_grad_(backward) for v in (x, s, t))
     wr = w.to(dtype).requires_grad_(backward) if affine else None
@@ -45,7 +52,7 @@ def _check(device, dtype, shape, G, act, layout="contiguous", affine=True, seed=
     xd, sd, td = (v.detach().double().requires_grad_() for v in (x, s, t))
     wd = w.detach().clone().requires_grad_() if affine else None
     bd = b.detach().clone().requires_grad_() if affine else None
-    act_ref(gn_decomposed(xd, G, wd, bd) * sd + td, act).backward(dy)
+    act_ref(gn_decomposed(xd, G, wd, bd) * _up(sd, xd) + _up(td, xd), act).backward(dy)
     for got, want in ((xr, xd), (sr, sd), (tr, td)) + (((wr, wd), (br, bd)) if affine else ()):
         assert_close_to_ref(got.grad, want.grad, dtype, bwd_tol)
 
@@ -62,6 +69,27 @@ def _check(device, dtype, shape, G, act, layout="contiguous", affine=True, seed=
 ])
 def test_matches_float64_reference(device, dtype, shape, G):
     _check(device, dtype, shape, G, "silu", seed=len(shape) + shape[-1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape,small,G", [
+    ((1, 8, 3, 32, 48), (1, 8, 3, 4, 6), 4),     # 8x in h and w (whole vectors along W)
+    ((2, 6, 5, 13, 21), (2, 6, 5, 5, 4), 3),     # ratios 5/13 and 4/21: the float source index, scalar kernel
+    ((2, 12, 17, 24), (2, 12, 17, 3), 4),        # 4-D, h = H, w smaller
+    ((1, 4, 2, 40, 64), (1, 4, 2, 40, 1), 4),    # one column
+    ((1, 16, 6, 1000), (1, 16, 3, 7), 8),        # 4-D, rows of several CTAs
+])
+def test_smaller_scale_and_shift(device, dtype, shape, small, G):
+    """scale and shift of smaller (h, w): x's source element per F.interpolate(mode="nearest"), gradients of scale
+    and shift summed over the elements that read them."""
+    _check(device, dtype, shape, G, "silu", seed=shape[-1] + small[-1], small=small)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_smaller_scale_and_shift_layouts(device, layout):
+    _check(device, torch.float16, (2, 8, 3, 24, 16), 4, "gelu", layout=layout, seed=9, small=(2, 8, 3, 6, 4))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -125,6 +153,15 @@ def test_errors(device):
     x = torch.randn(1, 8, 3, 4, device=device)
     with pytest.raises(RuntimeError, match=r"scale.shape=\[1, 8, 3, 5\] must equal input.shape=\[1, 8, 3, 4\]"):
         ge.group_norm_act_modulate(x, 4, torch.randn(1, 8, 3, 5, device=device), x)
+    small = torch.randn(1, 8, 3, 2, device=device)
+    x5 = torch.randn(1, 8, 3, 4, 4, device=device)
+    with pytest.raises(RuntimeError, match=r"scale.shape=\[1, 8, 2, 4, 4\] must equal input.shape=\[1, 8, 3, 4, 4\] "
+                                           r"or, for a 4-D or 5-D input, differ only in smaller last two sizes"):
+        ge.group_norm_act_modulate(x5, 4, x5[:, :, :2], x5[:, :, :2])  # D smaller
+    with pytest.raises(RuntimeError, match=r"scale.shape=\[1, 8, 2\] must equal input.shape=\[1, 8, 3\]"):
+        ge.group_norm_act_modulate(x[..., 0], 4, x[:, :, :2, 0], x[:, :, :2, 0])  # 3-D: no upsampling
+    with pytest.raises(RuntimeError, match=r"shift.shape=\[1, 8, 3, 4\] must equal scale.shape=\[1, 8, 3, 2\]"):
+        ge.group_norm_act_modulate(x, 4, small, x)
     with pytest.raises(RuntimeError, match=r"shift dtype \(Half\) must equal input dtype \(Float\)"):
         ge.group_norm_act_modulate(x, 4, x, x.half())
     with pytest.raises(RuntimeError, match="must be divisible by num_groups"):
@@ -178,14 +215,16 @@ def test_diffusers_cogvideox_decoder(device, traced, monkeypatch, no_tf32):
     real = ge.convert.group_norm_act_modulate
 
     def spy(*args):
-        calls.append(args[7])
+        calls.append((args[7], tuple(args[2].shape[-2:]) < tuple(args[0].shape[-2:])))
         return real(*args)
 
     monkeypatch.setattr(ge.convert, "group_norm_act_modulate", spy)
     with torch.no_grad():
         out = vae.decode(z).sample
     assert len(calls) >= n_spatial
-    assert set(calls) == ({"silu"} if traced else {"identity"}), calls
+    assert {a for a, _ in calls} == ({"silu"} if traced else {"identity"}), calls
+    # above the latents' resolution, conv_y and conv_b stay at it and the op upsamples them; at it, full size
+    assert {small for _, small in calls} == {True, False}, calls
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
 
 

@@ -165,6 +165,30 @@ inline void check_like_input(const char* op, const char* name, const Tensor& t, 
               device_name(input));
 }
 
+// A modulation's scale or shift: input's dtype and device, and input's shape, or (4-D and 5-D inputs) input's shape
+// with smaller last two sizes (h, w), at least 1 each, read by nearest-neighbour upsampling. Returns whether it is
+// the smaller one. The plane D * H * W of such an input must fit 31 bits (the pass's 32-bit indexing).
+inline bool check_modulation(const char* op, const char* name, const Tensor& t, const Tensor& input) {
+  const int64_t d = input.dim();
+  bool up = false, ok = t.dim() == d;
+  for (int64_t i = 0; ok && i < d; ++i) {
+    if (t.size(i) == input.size(i)) continue;
+    up = true;
+    ok = (d == 4 || d == 5) && i >= d - 2 && t.size(i) >= 1 && t.size(i) < input.size(i);
+  }
+  GNEXT_CHECK(ok, op, ": ", name, ".shape=", shape(t), " must equal input.shape=", shape(input),
+              " or, for a 4-D or 5-D input, differ only in smaller last two sizes (nearest upsampling)");
+  int64_t plane = 1;
+  for (int64_t i = 2; i < d; ++i) plane *= input.size(i);
+  GNEXT_CHECK(!up || plane < (int64_t{1} << 31) - 4096, op, ": ", name,
+              " smaller than input needs input's per-channel plane below 2^31 elements, got ", shape(input));
+  GNEXT_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " dtype (", t.scalar_type(),
+              ") must equal input dtype (", input.scalar_type(), ")");
+  GNEXT_CHECK(same_device(t, input), op, ": ", name, " is on ", device_name(t), " but input is on ",
+              device_name(input));
+  return up;
+}
+
 inline void check_pointwise(const char* op, const Tensor& input, const Pointwise& pro) {
   GNEXT_CHECK(pro.kind >= kPreNone && pro.kind <= kPreBiasGeluTanh, op, ": unknown prologue kind ", pro.kind);
   GNEXT_CHECK(pro.act >= kActIdentity && pro.act < kActCount, op, ": unknown activation kind ", pro.act);

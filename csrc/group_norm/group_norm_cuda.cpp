@@ -498,8 +498,9 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
   const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
   check_pointwise(op, input, pro);
   GNEXT_CHECK(pro.kind == kPreNone && !defined(pro.residual), op, ": a modulated output takes no prologue or residual");
-  check_like_input(op, "scale", scale, input);
-  check_like_input(op, "shift", shift, input);
+  const bool up = check_modulation(op, "scale", scale, input);
+  GNEXT_CHECK(check_modulation(op, "shift", shift, input) == up && same_shape(scale.sizes(), shift.sizes()), op,
+              ": shift.shape=", shape(shift), " must equal scale.shape=", shape(scale));
   DeviceGuard guard(input);
   Tensor out = empty_on(input, input.sizes(), input.scalar_type());
   Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
@@ -511,6 +512,18 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
   // The pass walks NCHW rows: x, scale and shift contiguous (copied where they are not).
   const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro);
   const Tensor sc = contig(scale), sh = contig(shift);
+  if (up) {  // (D, H, W) of x against (D, h, w) of scale and shift; a 4-D input has D = 1
+    const int64_t d = input.dim();
+    gn::ModShape m{s.N * s.C, d == 5 ? input.size(2) : 1, input.size(d - 2), input.size(d - 1), scale.size(d - 2),
+                   scale.size(d - 1), 0.f, 0.f};
+    // F.interpolate's nearest source scale: (float)input_size / output_size
+    m.sh = static_cast<float>(m.h) / static_cast<float>(m.H);
+    m.sw = static_cast<float>(m.w) / static_cast<float>(m.W);
+    GNEXT_CUDA_CHECK(gn::launch_affine_modulate_up(ns.t, m, ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(),
+                                                   out.data_ptr(), aligned16({ns.x.data_ptr(), out.data_ptr()}),
+                                                   ns.st.coef, ns.pw, plan_device().sms, ns.stream));
+    return {out, mean, rstd};
+  }
   const bool aligned = aligned16({ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(), out.data_ptr()});
   GNEXT_CUDA_CHECK(gn::launch_affine_modulate(ns.t, s.N * s.C, s.HxW, ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(),
                                               out.data_ptr(), aligned, ns.st.coef, ns.pw, plan_device().sms,

@@ -372,6 +372,16 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
 cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, const void* x, const void* scale,
                                    const void* shift, void* out, bool aligned, const float* coef, const PwArgs& pw,
                                    int sm_count, cudaStream_t stream);
+// The same with scale and shift of a smaller (h, w): rows (n, c) of x are (D, H, W), of scale and shift (D, h, w),
+// read at the nearest-neighbour source of each element as F.interpolate(mode="nearest") maps it (sh = h / H,
+// sw = w / W in float). D * H * W must fit 31 bits.
+struct ModShape {
+  int64_t rows, D, H, W, h, w;
+  float sh, sw;
+};
+cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const void* x, const void* scale,
+                                      const void* shift, void* out, bool aligned, const float* coef,
+                                      const PwArgs& pw, int sm_count, cudaStream_t stream);
 
 }  // namespace gn
 }  // namespace gnext

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The two-pass elementwise pass with a spatial modulation: out = act(GroupNorm(x) * scale + shift), scale and shift
-// tensors of x's shape (CogVideoX's spatially conditioned norm: both convolved from the latents). One pass reads x,
-// scale and shift and writes out; unfused, the normalized tensor, the product and the sum are each written and read
-// again.
+// tensors of x's shape, or of smaller (h, w) read at each element's nearest-neighbour source (CogVideoX's spatially
+// conditioned norm: both convolved from the latents, a pointwise convolution that commutes with nearest upsampling,
+// so they can stay at the latents' resolution). One pass reads x, scale and shift and writes out; unfused, the
+// normalized tensor, the product and the sum are each written and read again, and full-size scale and shift are
+// written first.
 #include <algorithm>
 #include <cstdint>
 
@@ -57,7 +59,98 @@ __global__ void __launch_bounds__(kModThreads)
   }
 }
 
+// Low-resolution scale and shift, (D, h, w) per row against x's (D, H, W): the source of element (d, i, j) is
+// (d, min(floor(i * sh), h - 1), min(floor(j * sw), w - 1)) with sh = h / H and sw = w / W in float, as
+// F.interpolate(mode="nearest") computes it. Vectors of V elements lie within one W row (W a multiple of V); the
+// plane D * H * W fits 32 bits (checked on the host), so the row and column come from 32-bit divisions.
+template <typename T, int V, int A>
+__global__ void __launch_bounds__(kModThreads)
+    affine_modulate_up_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ shift,
+                              T* __restrict__ out, const float4* __restrict__ coef, ModShape m) {
+  pdl_wait();  // launch_dependent: coef is written
+  using Raw = typename Pack<T, V>::Raw;
+  constexpr int U = 2;  // vectors per thread and trip: each carries 2 V gathered values
+  const uint32_t plane = static_cast<uint32_t>(m.D * m.H * m.W), W = static_cast<uint32_t>(m.W),
+                 H = static_cast<uint32_t>(m.H);
+  const int h = static_cast<int>(m.h), w = static_cast<int>(m.w);
+  const int64_t mplane = m.D * m.h * m.w;
+  const uint32_t per_trip = uint32_t{kModThreads} * U * V;
+  for (int64_t row = blockIdx.y; row < m.rows; row += gridDim.y) {
+    const float4 k = coef[row];
+    const int64_t base = row * static_cast<int64_t>(plane);
+    const T* const srow = scale + row * mplane;
+    const T* const brow = shift + row * mplane;
+    for (uint32_t e0 = blockIdx.x * per_trip; e0 < plane; e0 += gridDim.x * per_trip) {
+      Raw xr[U];
+      float sv[U][V], bv[U][V];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint32_t e = e0 + (static_cast<uint32_t>(u) * kModThreads + threadIdx.x) * V;
+        if (e < plane) {
+          xr[u] = ldg_raw(reinterpret_cast<const Raw*>(x + base + e));
+          const uint32_t q = e / W, j0 = e - q * W, d = q / H, i = q - d * H;
+          const int si = min(static_cast<int>(static_cast<float>(i) * m.sh), h - 1);
+          const int64_t src = (static_cast<int64_t>(d) * h + si) * w;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            const int sj = min(static_cast<int>(static_cast<float>(j0 + j) * m.sw), w - 1);
+            sv[u][j] = to_float(srow[src + sj]);
+            bv[u][j] = to_float(brow[src + sj]);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint32_t e = e0 + (static_cast<uint32_t>(u) * kModThreads + threadIdx.x) * V;
+        if (e >= plane) break;
+        Pack<T, V> px;
+        px.raw = xr[u];
+        float o[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          o[j] = act_apply<A>(fmaf(channel_affine<false>(k, to_float(px.v[j]), 0.f), sv[u][j], bv[u][j]));
+        store_vec<T, V>(out + base + e, o);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const void* x, const void* scale,
+                                      const void* shift, void* out, bool aligned, const float* coef,
+                                      const PwArgs& pw, int sm_count, cudaStream_t stream) {
+  if (m.rows <= 0 || m.D * m.H * m.W <= 0) return cudaSuccess;
+  if (pw_pre(pw.mode) != kPreNone || pw.residual != nullptr || m.h <= 0 || m.w <= 0 ||
+      m.D * m.H * m.W > int64_t{INT32_MAX} - 4096)
+    return cudaErrorInvalidValue;
+  return with_scalar(t, [&](auto tt) {
+    using T = decltype(tt);
+    constexpr int VW = 16 / sizeof(T);
+    // Only x and out are read and written in vectors; the gathers are per element.
+    const bool wide = aligned && m.W % VW == 0;
+    const int V = wide ? VW : 1;
+    const int64_t plane = m.D * m.H * m.W;
+    const int64_t per_row = (plane + int64_t{kModThreads} * 2 * V - 1) / (int64_t{kModThreads} * 2 * V);
+    const int64_t ys = std::min<int64_t>(m.rows, 65535);
+    const int64_t cap = std::max<int64_t>(1, int64_t{16} * 8 * sm_count / ys);
+    const dim3 grid(static_cast<unsigned>(std::min(per_row, cap)), static_cast<unsigned>(ys));
+    return with_pw(pw.mode, [&](auto pp) -> cudaError_t {
+      constexpr int P = decltype(pp)::value;
+      if constexpr (pw_pre(P) != kPreNone) {
+        return cudaErrorInvalidValue;
+      } else {
+        constexpr int A = pw_act(P);
+        auto go = [&](auto kernel) {
+          return launch_dependent(kernel, grid, dim3(kModThreads), 0, stream, static_cast<const T*>(x),
+                                  static_cast<const T*>(scale), static_cast<const T*>(shift), static_cast<T*>(out),
+                                  reinterpret_cast<const float4*>(coef), m);
+        };
+        return wide ? go(affine_modulate_up_kernel<T, VW, A>) : go(affine_modulate_up_kernel<T, 1, A>);
+      }
+    });
+  });
+}
 
 cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, const void* x, const void* scale,
                                    const void* shift, void* out, bool aligned, const float* coef, const PwArgs& pw,

@@ -1,25 +1,64 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """GroupNorm with a spatial modulation, then an activation: out = act(GroupNorm(x) * scale + shift), scale and shift
-tensors of x's shape (a spatially conditioned norm: CogVideoX's decoder convolves both from the latents, Zhu et al.
-2022, "MoVQ"). The op's fake kernel, CPU kernel and autograd; its schema is in csrc/gnext.cpp and its CUDA kernels
+tensors of x's shape, or (4-D and 5-D x) of smaller last two sizes, upsampled to x's by nearest neighbour as
+F.interpolate(mode="nearest") does (a spatially conditioned norm: CogVideoX's decoder convolves both from the
+latents, Zhu et al. 2022, "MoVQ"). The op's fake kernel, CPU kernel and autograd; its schema is in csrc/gnext.cpp and its CUDA kernels
 (the statistics pass, then one pass that reads x, scale and shift and writes out) in
 csrc/group_norm/group_norm_modulate.cu. The backward recomputes n = GroupNorm(x) from mean/rstd, takes
 dy' = dy * act'(n * scale + shift), returns dscale = dy' * n and dshift = dy', and runs GroupNorm's backward on
-dy' * scale."""
+dy' * scale; smaller scale and shift are upsampled for it, and their gradients summed back over each source element
+(the adjoint of the upsampling, ATen's upsample_nearest backward)."""
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from .. import _autograd, _cpu
 from .._autograd import _call_backward, _cast
-from .._cpu import _group_norm, act_backward, apply_act, check_group_norm_args, check_same_as_input, \
+from .._cpu import _check, _check_like_input, _group_norm, act_backward, apply_act, check_group_norm_args, \
     parse_activation
 
 
+def _check_one(op, name, t, input):
+    """Whether t (scale or shift) is smaller than input: input's shape, or for 4-D and 5-D inputs smaller last two
+    sizes (at least 1); input's dtype and device (as the CUDA op checks them)."""
+    d = input.dim()
+    up, ok = False, t.dim() == d
+    for i in range(d) if ok else ():
+        if t.shape[i] == input.shape[i]:
+            continue
+        up = True
+        ok = ok and d in (4, 5) and i >= d - 2 and 1 <= t.shape[i] < input.shape[i]
+    _check(ok, lambda: f"{op}: {name}.shape={list(t.shape)} must equal input.shape={list(input.shape)} or, for a "
+                       "4-D or 5-D input, differ only in smaller last two sizes (nearest upsampling)")
+    _check(not up or math.prod(input.shape[2:]) < 2 ** 31 - 4096,
+           lambda: f"{op}: {name} smaller than input needs input's per-channel plane below 2^31 elements, got "
+                   f"{list(input.shape)}")
+    _check_like_input(op, name, t, input)
+    return up
+
+
 def check_modulation(op, input, scale, shift):
-    """scale and shift: input's shape, dtype and device (as the CUDA op checks them)."""
-    check_same_as_input(op, "scale", scale, input)
-    check_same_as_input(op, "shift", shift, input)
+    """scale and shift: input's shape, or both the same smaller (h, w) (see _check_one); returns whether smaller."""
+    up = _check_one(op, "scale", scale, input)
+    _check(_check_one(op, "shift", shift, input) == up and scale.shape == shift.shape,
+           lambda: f"{op}: shift.shape={list(shift.shape)} must equal scale.shape={list(scale.shape)}")
+    return up
+
+
+def upsample(t, input):
+    """t at input's size by nearest neighbour (F.interpolate(mode="nearest")); t itself where the sizes match."""
+    return t if t.shape == input.shape else F.interpolate(t, size=input.shape[2:], mode="nearest")
+
+
+def downsample_grad(g, t):
+    """The adjoint of upsample(t, g): g summed over the elements that read each element of t."""
+    if g is None or g.shape == t.shape:
+        return g
+    fn = torch.ops.aten.upsample_nearest3d_backward if t.dim() == 5 else torch.ops.aten.upsample_nearest2d_backward
+    return fn(g, list(g.shape[2:]), list(t.shape)).to(t.dtype)
 
 
 @torch.library.register_fake("gnext::group_norm_act_modulate")
@@ -38,6 +77,7 @@ def group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, 
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_modulation(op, input, scale, shift)
     n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
+    scale, shift = upsample(scale, input), upsample(shift, input)
     out = apply_act(torch.addcmul(shift.float(), n.float(), scale.float()), act)
     return out.to(input.dtype).contiguous(), mean, rstd
 
@@ -62,10 +102,12 @@ def _modulate_grads(ctx, need, grad_out):
     n = _call_backward(torch.ops.gnext.group_norm_act_apply.default, input, mean, rstd, ctx.num_groups, weight, bias,
                        "identity", None)
     g = grad_out
+    small_scale, small_shift = scale, shift
+    scale, shift = upsample(scale, input), upsample(shift, input)
     if ctx.activation != "identity":
         g = act_backward(g.contiguous(), torch.addcmul(shift, n, scale), ctx.activation)
-    dscale = g * n if need[5] else None
-    dshift = g if need[6] else None
+    dscale = downsample_grad(g * n, small_scale) if need[5] else None
+    dshift = downsample_grad(g, small_shift) if need[6] else None
     mask = [need[0], need[2], need[3]]
     dx = dw = db = None
     if any(mask):

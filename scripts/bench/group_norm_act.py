@@ -32,9 +32,13 @@ SILU_SHAPES = [
 
 # SiLU(GroupNorm(x) * scale + shift), scale and shift of x's shape: CogVideoX's spatially conditioned norms at the
 # decoder's two largest maps (a frame batch of 9 frames).
+# (name, x's shape, scale's and shift's shape: None = x's, G, dtype); the smaller ones are upsampled by nearest
+# neighbour (the op reads them in place; eager and torch.compile call F.interpolate first).
 MOD_SHAPES = [
-    ("GN*s+b+SiLU CogVideoX 1x128x9x512x512 fp16", (1, 128, 9, 512, 512), 32, torch.float16),
-    ("GN*s+b+SiLU CogVideoX 1x256x9x256x256 fp16", (1, 256, 9, 256, 256), 32, torch.float16),
+    ("GN*s+b+SiLU CogVideoX 1x128x9x512x512 fp16", (1, 128, 9, 512, 512), None, 32, torch.float16),
+    ("GN*s+b+SiLU CogVideoX 1x256x9x256x256 fp16", (1, 256, 9, 256, 256), None, 32, torch.float16),
+    ("GN*up(s)+up(b)+SiLU 1x128x9x512x512, s and b 64x64, fp16", (1, 128, 9, 512, 512), (1, 128, 9, 64, 64), 32,
+     torch.float16),
 ]
 
 
@@ -133,20 +137,22 @@ def silu_rows(timer, bw):
 
 
 def modulate_rows(timer, bw):
-    """Forward floor: x, scale and shift read once, out written (4 passes at the copy bandwidth)."""
+    """Forward floor: x, scale and shift read once, out written (4 passes at the copy bandwidth; 2 where scale and
+    shift are small)."""
     rows = []
-    for name, shape, G, dtype in MOD_SHAPES:
+    for name, shape, small, G, dtype in MOD_SHAPES:
         xs, w, b, _ = make_inputs(shape, dtype, None, "cuda")
         gen = torch.Generator(device="cuda").manual_seed(1)
-        sc = (torch.randn(shape, device="cuda", generator=gen) * 0.5 + 1).to(dtype)
-        sh = torch.randn(shape, device="cuda", generator=gen).to(dtype)
+        sc = (torch.randn(small or shape, device="cuda", generator=gen) * 0.5 + 1).to(dtype)
+        sh = torch.randn(small or shape, device="cuda", generator=gen).to(dtype)
         w.requires_grad_(), b.requires_grad_()
-        eager = lambda t, s, h: F.silu(F.group_norm(t, G, w, b, 1e-6) * s + h)  # noqa: E731
+        up = (lambda v: F.interpolate(v, size=shape[2:], mode="nearest")) if small else (lambda v: v)
+        eager = lambda t, s, h: F.silu(F.group_norm(t, G, w, b, 1e-6) * up(s) + up(h))  # noqa: E731
         torch._dynamo.reset()
         impls = {"eager": eager, "compile": torch.compile(eager),
                  "gnext": lambda t, s, h: ge.group_norm_act_modulate(t, G, s, h, w, b, 1e-6, "silu"),
-                 "gnext GN, then PyTorch": lambda t, s, h: F.silu(ge.group_norm(t, G, w, b, 1e-6) * s + h)}
-        row = {"name": name, "floor_fwd_ms": 4 * xs.numel() * xs.element_size() / bw / 1e6}
+                 "gnext GN, then PyTorch": lambda t, s, h: F.silu(ge.group_norm(t, G, w, b, 1e-6) * up(s) + up(h))}
+        row = {"name": name, "floor_fwd_ms": (2 if small else 4) * xs.numel() * xs.element_size() / bw / 1e6}
         for k, fn in impls.items():
             row[k] = dict(zip(("fwd_ms", "fwdbwd_ms"), time_fwd_fb(timer, fn, [xs, sc, sh], [w, b])))
             print(f"  {name} {k:22s} {row[k]}", flush=True)
