@@ -154,6 +154,20 @@ def register_not_differentiable(op_name):
     _lib.impl(op_name, kernel, "Autograd", with_keyset=True)
 
 
+def register_no_grad(op_name, why):
+    """An Autograd kernel for gnext::<op_name> that raises where a gradient would be needed (ops that write into
+    a given tensor, whose writes autograd does not record): `why` says what to call instead."""
+    op = getattr(torch.ops.gnext, op_name).default
+    below = torch._C._after_autograd_keyset
+
+    def kernel(keyset, *args):
+        if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            raise RuntimeError(f"gnext.{op_name} is not differentiable: {why}")
+        return op.redispatch(keyset & below, *args)
+
+    _lib.impl(op_name, kernel, "Autograd", with_keyset=True)
+
+
 _lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module
 eager: dict[str, Callable[..., Any]] = {}  # op name -> the functional API's eager entry (_eager)
 

@@ -123,8 +123,9 @@ def _new_counts() -> dict:
             "skipped": 0}
 
 
-def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False) -> nn.Module:
-    """Converts module and its children in place; returns module, or its replacement if it is a norm."""
+def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False, into_conv: bool = False) -> nn.Module:
+    """Converts module and its children in place; returns module, or its replacement if it is a norm. into_conv:
+    blocks whose norms can write their convolution's padded input do (CogVideoXResnetBlock3D)."""
     name = _timm_group_norm_act(module) if act else None
     if name is not None:
         counts["group_norm_act"] += 1
@@ -139,6 +140,8 @@ def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False) -
     if blocks:
         _fuse_blocks(module, counts)
         _fuse_spatial_norm(module, counts)
+        if into_conv and act:
+            _fuse_cog_resnet3d(module, counts)
     if act and isinstance(module, nn.Sequential):  # a GroupNorm, then an activation module
         for i in range(len(module) - 1):
             a, b = module[i], module[i + 1]
@@ -147,7 +150,7 @@ def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False) -
                 module[i], module[i + 1] = _from_group_norm(GroupNormAct, a, name), nn.Identity()
                 counts["group_norm_act"] += 1
     for child_name, child in module.named_children():
-        new = _convert(child, counts, act, blocks)
+        new = _convert(child, counts, act, blocks, into_conv)
         if new is not child:
             setattr(module, child_name, new)
     return module
@@ -190,7 +193,12 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
       conditioned norm): its product and sum run in the norm's pass (:func:`group_norm_act_modulate`), and with
       ``example_inputs``, where its output went only into an activation module, the activation too (counted as
       ``spatial_norm``). Its forward is checked against diffusers' source (0.35.1); another one is left alone with a
-      warning.
+      warning. Its ``conv_y`` and ``conv_b`` (pointwise) convolve the latents at their own height and width, and
+      the op upsamples them as it reads them;
+    * with ``blocks=True`` and ``pad_into_conv``, diffusers' ``CogVideoXResnetBlock3D``: each spatial norm -> SiLU
+      writes its output straight into its causal convolution's input buffer, after the cached frames that the
+      convolution would concatenate before it (both counted as ``pad_into_conv``), where no gradient is needed
+      (the block's own forward otherwise). Its and the convolution's source are checked as above.
 
     Args:
         module: any ``nn.Module``.
@@ -202,7 +210,8 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
             GroupNorm -> activation pairs by what the forward does (module calls and the ops that consume each
             GroupNorm output).
         pad_into_conv: with ``example_inputs``, write padded outputs where the activation's output is only
-            padded for one child module (above); False keeps every fused norm's output unpadded.
+            padded for one child module, and CogVideoX's blocks (above); False keeps every fused norm's output
+            unpadded.
 
     Returns:
         The converted module, or ``(module, counts)``. GroupNorms without an activation after them
@@ -211,9 +220,9 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
     counts = _new_counts()
     if example_inputs is not None:
         _fuse_traced_pairs(module, tuple(example_inputs), counts, pad_into_conv)
-    module = _convert(module, counts, act=True, blocks=blocks)
+    module = _convert(module, counts, act=True, blocks=blocks, into_conv=pad_into_conv)
     _report("convert_group_norm_act", module, counts)
-    if counts["group_norm_act"] == 0 and counts["group_norm"] > 0 and example_inputs is None and any(
+    if counts["group_norm_act"] == counts["pad_into_conv"] == 0 and counts["group_norm"] > 0 and example_inputs is None and any(
             _activation_name(m) is not None or isinstance(m, _ActivationGate) for m in module.modules()):
         warnings.warn(f"gnext convert_group_norm_act: {counts['group_norm']} GroupNorm(s) converted, none fused with "
                       "an activation: the model's blocks have no rule here; pass example_inputs=(...) to find the "
@@ -439,9 +448,10 @@ _PAIRS = ("hidden_states = self.norm1(hidden_states)\n        hidden_states = se
 _checked_forwards: dict = {}
 
 
-def _source_has(cls, patterns) -> bool:
-    """Whether cls.forward's source contains every pattern (checked once per forward; a warning where not)."""
-    fwd = cls.forward
+def _source_has(cls, patterns, method: str = "forward") -> bool:
+    """Whether the source of cls's method (forward) contains every pattern (checked once per method; a warning where
+    not)."""
+    fwd = getattr(cls, method)
     if fwd not in _checked_forwards:
         try:
             import inspect
@@ -451,8 +461,9 @@ def _source_has(cls, patterns) -> bool:
         except (OSError, TypeError):
             _checked_forwards[fwd] = False
         if not _checked_forwards[fwd]:
-            _log.warning("gnext: %s.forward is not the one gnext knows; its norms stay unfused", cls.__qualname__)
-            warnings.warn(f"gnext: {cls.__qualname__}.forward differs from the diffusers source gnext was checked "
+            _log.warning("gnext: %s.%s is not the one gnext knows; its norms stay unfused", cls.__qualname__,
+                         method)
+            warnings.warn(f"gnext: {cls.__qualname__}.{method} differs from the diffusers source gnext was checked "
                           "against (0.35.1); its GroupNorms run unfused", stacklevel=4)
     return _checked_forwards[fwd]
 
@@ -527,15 +538,15 @@ def _pointwise_conv(m: nn.Module) -> bool:
             and c.stride == (1, 1, 1) and c.padding == (0, 0, 0) and c.dilation == (1, 1, 1) and c.groups == 1)
 
 
-def _spatial_norm3d_forward(self, f, zq, conv_cache=None):
-    """diffusers CogVideoXSpatialNorm3D.forward with group_norm(f) * conv_y + conv_b (and the paired activation) in
-    one gnext op.
+def _spatial_modulation(self, f, zq, conv_cache):
+    """CogVideoXSpatialNorm3D's conv_y and conv_b of zq for f, and its new conv cache.
 
     Where conv_y and conv_b are pointwise and zq is not larger than f in height and width, they convolve zq at its
-    own height and width (upsampled along time only) and the op upsamples them to f's by nearest neighbour as it
-    reads them: a pointwise convolution commutes with nearest upsampling, so the values are the original's (to the
-    convolution's rounding), and no full-size upsampled latents, convolution outputs or bias additions are made.
-    Their conv caches then hold the smaller latents; a 1x1x1 causal convolution never reads its cache."""
+    own height and width (upsampled along time only) and group_norm_act_modulate upsamples them to f's by nearest
+    neighbour as it reads them: a pointwise convolution commutes with nearest upsampling, so the values are the
+    original's (to the convolution's rounding), and no full-size upsampled latents, convolution outputs or bias
+    additions are made. Their conv caches then hold the smaller latents; a 1x1x1 causal convolution never reads its
+    cache."""
     new_conv_cache = {}
     conv_cache = conv_cache or {}
     low = (zq.shape[-2] <= f.shape[-2] and zq.shape[-1] <= f.shape[-1] and _pointwise_conv(self.conv_y)
@@ -550,6 +561,13 @@ def _spatial_norm3d_forward(self, f, zq, conv_cache=None):
         zq = torch.nn.functional.interpolate(zq, size=(f.shape[2],) + hw)
     conv_y, new_conv_cache["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
     conv_b, new_conv_cache["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
+    return conv_y, conv_b, new_conv_cache
+
+
+def _spatial_norm3d_forward(self, f, zq, conv_cache=None):
+    """diffusers CogVideoXSpatialNorm3D.forward with group_norm(f) * conv_y + conv_b (and the paired activation) in
+    one gnext op (conv_y and conv_b as _spatial_modulation makes them)."""
+    conv_y, conv_b, new_conv_cache = _spatial_modulation(self, f, zq, conv_cache)
     norm = self.norm_layer
     act = self.__dict__.get("_gnext_act", "identity")
     new_f = group_norm_act_modulate(f, norm.num_groups, conv_y, conv_b, norm.weight, norm.bias, norm.eps, act)
@@ -568,6 +586,101 @@ def _fuse_spatial_norm(module: nn.Module, counts: dict) -> None:
         return
     _install_spatial_norm(module)
     counts["spatial_norm"] += 1
+
+
+# --- diffusers CogVideoXResnetBlock3D --------------------------------------------------------------------
+# norm1 -> SiLU -> conv1 and norm2 -> SiLU -> dropout -> conv2, each convolution a CogVideoXCausalConv3d that
+# concatenates its cached frames (or k copies of the first frame) before its input along time and convolves that.
+# The fused block writes each norm's activated output straight into that buffer after the k cached frames
+# (group_norm_act_modulate(..., out=)), then copies the k frames before it: the concatenation's full copy of the
+# tensor and the unconcatenated output are not made. Installed only where both forwards are diffusers' own (source
+# checked against 0.35.1) and the norms are spatial norms, the activation SiLU and the convolutions causal with
+# cached frames; it runs where no gradient is needed (inference; else the block's own forward).
+_COG_RESNET3D = (
+    'hidden_states, new_conv_cache["norm1"] = self.norm1(hidden_states, zq, conv_cache=conv_cache.get("norm1"))',
+    'hidden_states = self.nonlinearity(hidden_states)\n'
+    '        hidden_states, new_conv_cache["conv1"] = self.conv1(hidden_states, conv_cache=conv_cache.get("conv1"))',
+    'hidden_states, new_conv_cache["norm2"] = self.norm2(hidden_states, zq, conv_cache=conv_cache.get("norm2"))',
+    'hidden_states = self.nonlinearity(hidden_states)\n        hidden_states = self.dropout(hidden_states)\n'
+    '        hidden_states, new_conv_cache["conv2"] = self.conv2(hidden_states, conv_cache=conv_cache.get("conv2"))',
+    "hidden_states = hidden_states + inputs\n        return hidden_states, new_conv_cache")
+_COG_CAUSAL_CAT = (
+    "cached_inputs = [conv_cache] if conv_cache is not None else [inputs[:, :, :1]] * (kernel_size - 1)",
+    "inputs = torch.cat(cached_inputs + [inputs], dim=2)")
+_COG_CAUSAL_FWD = ("inputs = self.fake_context_parallel_forward(inputs, conv_cache)",
+                   "conv_cache = inputs[:, :, -self.time_kernel_size + 1 :].clone()",
+                   "output = self.conv(inputs)\n        return output, conv_cache")
+
+
+def _cat_causal_conv(m: nn.Module) -> bool:
+    """m is diffusers' CogVideoXCausalConv3d concatenating cached frames (a time kernel of 2 or more, not the
+    replicate padding mode)."""
+    cls = type(m)
+    return (cls.__name__ == "CogVideoXCausalConv3d" and cls.__module__.startswith("diffusers.")
+            and getattr(m, "pad_mode", "replicate") != "replicate" and getattr(m, "time_kernel_size", 1) > 1
+            and isinstance(getattr(m, "conv", None), nn.Conv3d) and "forward" not in m.__dict__
+            and _source_has(cls, _COG_CAUSAL_FWD) and _source_has(cls, _COG_CAUSAL_CAT, "fake_context_parallel_forward"))
+
+
+def _is_silu(m) -> bool:
+    """m is nn.SiLU, or the gate that the traced pairing put in its place."""
+    return isinstance(m.act if isinstance(m, _ActivationGate) else m, nn.SiLU)
+
+
+def _is_cog_resnet3d(m: nn.Module) -> bool:
+    cls = type(m)
+    return (cls.__name__ == "CogVideoXResnetBlock3D" and cls.__module__.startswith("diffusers.")
+            and "forward" not in m.__dict__ and _is_silu(getattr(m, "nonlinearity", None))
+            and isinstance(getattr(m, "dropout", None), nn.Dropout)
+            and all(isinstance(c, nn.Module) and _is_spatial_norm(c) for c in (getattr(m, "norm1", None),
+                                                                                getattr(m, "norm2", None)))
+            and all(isinstance(c, nn.Module) and _cat_causal_conv(c) for c in (getattr(m, "conv1", None),
+                                                                                 getattr(m, "conv2", None)))
+            and _source_has(cls, _COG_RESNET3D))
+
+
+def _norm_into_causal_conv(norm, conv, f, zq, norm_cache, conv_cache):
+    """conv(silu(norm(f, zq))) as diffusers computes it (the cached frames, or k copies of the first frame, before
+    the activated output), with the activated output written into the convolution's input buffer."""
+    scale, shift, new_norm_cache = _spatial_modulation(norm, f, zq, norm_cache)
+    gn = norm.norm_layer
+    k = conv.time_kernel_size - 1
+    buf = f.new_empty((f.shape[0], f.shape[1], f.shape[2] + k) + tuple(f.shape[3:]))
+    group_norm_act_modulate(f, gn.num_groups, scale, shift, gn.weight, gn.bias, gn.eps, "silu", out=buf[:, :, k:])
+    buf[:, :, :k].copy_(conv_cache if conv_cache is not None else buf[:, :, k:k + 1].expand_as(buf[:, :, :k]))
+    new_conv_cache = buf[:, :, -k:].clone()
+    return conv.conv(buf), new_norm_cache, new_conv_cache
+
+
+def _cog_resnet3d_forward(self, inputs, temb=None, zq=None, conv_cache=None):
+    """diffusers CogVideoXResnetBlock3D.forward with each norm -> SiLU written into its causal convolution's input
+    buffer (_norm_into_causal_conv); the block's own forward where a gradient is needed, without zq or with a time
+    embedding, or where the dropout is active."""
+    grad = torch.is_grad_enabled() and (inputs.requires_grad or any(p.requires_grad for p in self.parameters()))
+    if grad or zq is None or temb is not None or (self.dropout.training and self.dropout.p > 0):
+        return type(self).forward(self, inputs, temb, zq, conv_cache)
+    new_conv_cache = {}
+    conv_cache = conv_cache or {}
+    hidden_states, new_conv_cache["norm1"], new_conv_cache["conv1"] = _norm_into_causal_conv(
+        self.norm1, self.conv1, inputs, zq, conv_cache.get("norm1"), conv_cache.get("conv1"))
+    hidden_states, new_conv_cache["norm2"], new_conv_cache["conv2"] = _norm_into_causal_conv(
+        self.norm2, self.conv2, hidden_states, zq, conv_cache.get("norm2"), conv_cache.get("conv2"))
+    if self.in_channels != self.out_channels:
+        if self.use_conv_shortcut:
+            inputs, new_conv_cache["conv_shortcut"] = self.conv_shortcut(
+                inputs, conv_cache=conv_cache.get("conv_shortcut"))
+        else:
+            inputs = self.conv_shortcut(inputs)
+    return hidden_states + inputs, new_conv_cache
+
+
+def _fuse_cog_resnet3d(module: nn.Module, counts: dict) -> None:
+    """A diffusers CogVideoXResnetBlock3D whose norms and convolutions fit (_is_cog_resnet3d) gets the fused forward;
+    its two norms count as pad_into_conv (their output is the convolution's padded input)."""
+    if not _is_cog_resnet3d(module):
+        return
+    module.forward = types.MethodType(_cog_resnet3d_forward, module)
+    counts["pad_into_conv"] += 2
 
 
 def _fuse_blocks(module: nn.Module, counts: dict) -> None:

@@ -214,6 +214,8 @@ def group_norm_act_modulate(
     bias: Optional[torch.Tensor] = None,
     eps: float = 1e-5,
     activation: str = "identity",
+    *,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     r"""``act(group_norm(input) * scale + shift)`` in one op, with ``scale`` and ``shift`` tensors of ``input``'s
     shape, or of smaller height and width that are upsampled by nearest neighbour: a spatially conditioned GroupNorm
@@ -238,14 +240,19 @@ def group_norm_act_modulate(
             4-D ``(N, C, H, W)`` or 5-D ``(N, C, D, H, W)`` input, ``(N, C, h, w)`` or ``(N, C, D, h, w)`` with
             ``1 <= h <= H`` and ``1 <= w <= W`` (any strides; copied to contiguous).
         activation: as :func:`group_norm_act` (default ``"identity"``: no activation).
+        out: where to write the result instead of a new tensor: ``input``'s shape, dtype and device, each
+            ``(n, c)`` plane contiguous and no two overlapping, e.g. ``buf[:, :, k:]`` of a contiguous ``buf`` whose
+            first ``k`` frames hold something else (a causal convolution's cached frames). Not differentiable:
+            with ``out``, no argument may require grad while grad mode is on.
 
     Returns:
-        Contiguous tensor of ``input``'s shape and dtype.
+        Contiguous tensor of ``input``'s shape and dtype, or ``out``.
 
     Raises:
         RuntimeError: as :func:`group_norm_act`; ``scale`` or ``shift`` of another dtype or device, of a shape
         other than the above, or of shapes that differ from each other; smaller ``scale`` and ``shift`` with a
-        per-channel plane ``D * H * W`` of ``2**31 - 4096`` elements or more.
+        per-channel plane ``D * H * W`` of ``2**31 - 4096`` elements or more; ``out`` of another shape, dtype or
+        device, or with planes that are not contiguous or overlap; ``out`` where a gradient is needed.
 
     Differentiable in input, weight, bias, scale and shift; traceable by ``torch.compile(fullgraph=True)``.
     """
@@ -254,7 +261,15 @@ def group_norm_act_modulate(
         _modulate_op.check_modulation("gnext.group_norm_act_modulate", input, scale, shift)
         n = torch.nn.functional.group_norm(input, num_groups, weight, bias, eps)
         scale, shift = _modulate_op.upsample(scale, input), _modulate_op.upsample(shift, input)
-        return _cpu.apply_act(torch.addcmul(shift, n, scale), act).contiguous()
+        y = _cpu.apply_act(torch.addcmul(shift, n, scale), act).contiguous()
+        if out is None:
+            return y
+        _modulate_op.check_rows_out("gnext.group_norm_act_modulate_into", out, input)
+        return out.copy_(y)
+    if out is not None:
+        torch.ops.gnext.group_norm_act_modulate_into(input, num_groups, weight, bias, eps, scale, shift, activation,
+                                                     out)
+        return out
     return _group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation)
 
 

@@ -130,6 +130,55 @@ def test_cuda_graph_and_compile():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("small", [False, True], ids=["full", "small"])
+def test_into_a_slice_of_a_larger_buffer(device, dtype, small):
+    """out=: the result written into buf[:, :, k:] (planes 2 + T frames apart), equal to the op's own output; the
+    k frames before it, the second sample's padding and nothing else touched."""
+    gen = torch.Generator().manual_seed(21)
+    N, C, T, H, W, k = 2, 8, 5, 12, 16, 2
+    x = (torch.randn(N, C, T, H, W, generator=gen) * 2 + 3).to(device, dtype)
+    sshape = (N, C, T, 3, 4) if small else x.shape
+    sc = (torch.randn(sshape, generator=gen) * 0.5 + 1).to(device, dtype)
+    sh = torch.randn(sshape, generator=gen).to(device, dtype)
+    w, b = torch.randn(C, generator=gen).to(device, dtype), torch.randn(C, generator=gen).to(device, dtype)
+    want = ge.group_norm_act_modulate(x, 4, sc, sh, w, b, 1e-5, "silu")
+    buf = torch.full((N, C, T + k, H, W), 7.0, device=device, dtype=dtype)
+    got = ge.group_norm_act_modulate(x, 4, sc, sh, w, b, 1e-5, "silu", out=buf[:, :, k:])
+    assert got.data_ptr() == buf[:, :, k:].data_ptr()
+    torch.testing.assert_close(buf[:, :, k:], want, rtol=0, atol=0)
+    assert bool((buf[:, :, :k] == 7).all())
+    # a 4-D out whose channels are rows of a wider buffer (row stride W + 3 elements: unaligned rows, scalar path)
+    x4 = x[:, :, 0]
+    wide = torch.full((N, C, H * W + 3), 5.0, device=device, dtype=dtype)
+    out4 = wide[:, :, 3:].view(N, C, H, W)
+    ge.group_norm_act_modulate(x4, 4, sc[:, :, 0], sh[:, :, 0], w, b, 1e-5, "relu", out=out4)
+    torch.testing.assert_close(out4, ge.group_norm_act_modulate(x4, 4, sc[:, :, 0], sh[:, :, 0], w, b, 1e-5, "relu"),
+                               rtol=0, atol=0)
+    assert bool((wide[:, :, :3] == 5).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_into_errors(device):
+    x = torch.randn(1, 8, 3, 4, device=device)
+    op = "gnext.group_norm_act_modulate_into"
+    with pytest.raises(RuntimeError, match=rf"{op}: out.shape=\[1, 8, 3, 5\] must equal input.shape=\[1, 8, 3, 4\]"):
+        ge.group_norm_act_modulate(x, 4, x, x, out=torch.empty(1, 8, 3, 5, device=device))
+    with pytest.raises(RuntimeError, match=rf"{op}: out dtype \(Half\) must equal input dtype \(Float\)"):
+        ge.group_norm_act_modulate(x, 4, x, x, out=torch.empty_like(x, dtype=torch.half))
+    with pytest.raises(RuntimeError, match=r"out must have each \(n, c\) plane contiguous and the planes apart.*"
+                                           r"strides \[96, 1, 32, 8\]"):
+        ge.group_norm_act_modulate(x, 4, x, x, out=torch.empty(1, 3, 4, 8, device=device).permute(0, 3, 1, 2))
+    with pytest.raises(RuntimeError, match=r"planes apart.*strides \[0, 0, 4, 1\]"):
+        ge.group_norm_act_modulate(x, 4, x, x, out=torch.empty(3, 4, device=device).expand(1, 8, 3, 4))
+    w = torch.ones(8, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match=rf"{op} is not differentiable: it writes into out"):
+        ge.group_norm_act_modulate(x, 4, x, x, w, out=torch.empty_like(x))
+    with torch.no_grad():
+        ge.group_norm_act_modulate(x, 4, x, x, w, out=torch.empty_like(x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     """Schema, fake kernel, autograd registration and AOT dispatch (torch.library.opcheck)."""
     gen = torch.Generator().manual_seed(11)
@@ -140,6 +189,12 @@ def test_opcheck(device):
     torch.library.opcheck(op, (x, 4, w, b, 1e-5, s, t, "silu"))
     torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w.clone().requires_grad_(), None, 1e-5,
                                s.clone().requires_grad_(), t, "identity"))
+    small = (s[..., :2].contiguous(), t[..., :2].contiguous())
+    torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w, b, 1e-5, small[0].requires_grad_(), small[1], "gelu"))
+    into = torch.ops.gnext.group_norm_act_modulate_into.default
+    torch.library.opcheck(into, (x, 4, w, b, 1e-5, small[0].detach(), small[1], "silu",
+                                 torch.empty(2, 8, 4, 5, device=device)[:, :, 1:]),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -201,31 +256,56 @@ def test_diffusers_cogvideox_decoder(device, traced, monkeypatch, no_tf32):
     """Every CogVideoXSpatialNorm3D of the decoder becomes one group_norm_act_modulate call (traced: with the SiLU
     its block applies next, which then passes the norm's output through); the decode equals the original's."""
     vae = _cogvideox_decoder(device)
-    z = torch.randn(1, 4, 3, 8, 8, device=device)
+    z = torch.randn(1, 4, 5, 8, 8, device=device)  # two batches of latent frames: the second reads the conv caches
     with torch.no_grad():
         ref = vae.decode(z).sample
     n_spatial = len(_spatial_norms(vae))
     if traced:
-        dec, counts = ge.convert_group_norm_act(vae.decoder, return_counts=True, example_inputs=(z,))
-    else:  # the SiLUs stay apart: the converter says so
-        with pytest.warns(UserWarning, match="none fused with an activation"):
-            dec, counts = ge.convert_group_norm_act(vae.decoder, return_counts=True)
+        dec, counts = ge.convert_group_norm_act(vae.decoder, return_counts=True, example_inputs=(z[:, :, :3],))
+    else:
+        dec, counts = ge.convert_group_norm_act(vae.decoder, return_counts=True)
     assert counts["spatial_norm"] == n_spatial > 0, counts
     calls = []
     real = ge.convert.group_norm_act_modulate
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append((args[7], tuple(args[2].shape[-2:]) < tuple(args[0].shape[-2:])))
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(ge.convert, "group_norm_act_modulate", spy)
     with torch.no_grad():
         out = vae.decode(z).sample
     assert len(calls) >= n_spatial
-    assert {a for a, _ in calls} == ({"silu"} if traced else {"identity"}), calls
+    # the resnet blocks' norms write into their convolution's input (SiLU in the op, traced or not); the last norm
+    # (norm_out) is paired with its SiLU by the trace only
+    n_blocks = sum(type(m).__name__ == "CogVideoXResnetBlock3D" for m in vae.decoder.modules())
+    assert counts["pad_into_conv"] == 2 * n_blocks > 0, counts
+    assert {a for a, _ in calls} == ({"silu"} if traced else {"silu", "identity"}), calls
     # above the latents' resolution, conv_y and conv_b stay at it and the op upsamples them; at it, full size
     assert {small for _, small in calls} == {True, False}, calls
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cogvideox_blocks_with_gradients(device, no_tf32):
+    """Where a gradient is needed the converted blocks run their own forward (with the modulated norms): the same
+    decode and gradients of the weights as the original's; pad_into_conv=False leaves the blocks' forward alone."""
+    vae = _cogvideox_decoder(device)
+    ref_vae = copy.deepcopy(vae)
+    z = torch.randn(1, 4, 3, 8, 8, device=device)
+    with pytest.warns(UserWarning, match="none fused with an activation"):  # no trace, no blocks: SiLUs apart
+        plain, counts = ge.convert_group_norm_act(copy.deepcopy(vae.decoder), return_counts=True,
+                                                  pad_into_conv=False)
+    assert counts["pad_into_conv"] == 0 and not any(
+        "forward" in m.__dict__ for m in plain.modules() if type(m).__name__ == "CogVideoXResnetBlock3D")
+    _, counts = ge.convert_group_norm_act(vae.decoder, return_counts=True)
+    assert counts["pad_into_conv"] > 0, counts
+    out, ref = vae.decode(z).sample, ref_vae.decode(z).sample
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+    out.square().mean().backward()
+    ref.square().mean().backward()
+    for (name, p), q in zip(vae.decoder.named_parameters(), ref_vae.decoder.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-3, atol=2e-4, msg=name)
 
 
 def test_spatial_norm_of_another_source_is_left_alone():

@@ -189,6 +189,29 @@ inline bool check_modulation(const char* op, const char* name, const Tensor& t, 
   return up;
 }
 
+// The output of group_norm_act_modulate_into: input's shape, dtype and device, each (n, c) plane contiguous (dims 2..
+// packed) and no two planes overlapping (e.g. a slice along dim 2 of a contiguous buffer).
+inline void check_rows_out(const char* op, const Tensor& out, const Tensor& input) {
+  GNEXT_CHECK(same_shape(out.sizes(), input.sizes()), op, ": out.shape=", shape(out), " must equal input.shape=",
+              shape(input));
+  GNEXT_CHECK(out.scalar_type() == input.scalar_type(), op, ": out dtype (", out.scalar_type(),
+              ") must equal input dtype (", input.scalar_type(), ")");
+  GNEXT_CHECK(same_device(out, input), op, ": out is on ", device_name(out), " but input is on ", device_name(input));
+  int64_t plane = 1;
+  bool packed = true;
+  for (int64_t i = out.dim() - 1; i >= 2; --i) {
+    packed = packed && (out.size(i) == 1 || out.stride(i) == plane);
+    plane *= out.size(i);
+  }
+  const int64_t N = out.size(0), C = out.size(1);
+  std::vector<int64_t> strides;
+  for (int64_t i = 0; i < out.dim(); ++i) strides.push_back(out.stride(i));
+  const bool apart = (C <= 1 || out.stride(1) >= plane) && (N <= 1 || out.stride(0) >= (C - 1) * out.stride(1) + plane);
+  GNEXT_CHECK(out.numel() == 0 || (packed && apart), op, ": out must have each (n, c) plane contiguous and the planes "
+              "apart (e.g. a slice along dim 2 of a contiguous tensor); got shape ", shape(out), " and strides ",
+              Shape{strides});
+}
+
 inline void check_pointwise(const char* op, const Tensor& input, const Pointwise& pro) {
   GNEXT_CHECK(pro.kind >= kPreNone && pro.kind <= kPreBiasGeluTanh, op, ": unknown prologue kind ", pro.kind);
   GNEXT_CHECK(pro.act >= kActIdentity && pro.act < kActCount, op, ": unknown activation kind ", pro.act);
@@ -235,7 +258,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
                                                                 int64_t num_groups, const OptTensor& weight,
                                                                 const OptTensor& bias, double eps,
                                                                 const Tensor& scale, const Tensor& shift,
-                                                                const Pointwise& pro);
+                                                                const Pointwise& pro, const Tensor* into = nullptr);
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
     const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro);

@@ -494,24 +494,28 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
                                                                 int64_t num_groups, const OptTensor& weight,
                                                                 const OptTensor& bias, double eps,
                                                                 const Tensor& scale, const Tensor& shift,
-                                                                const Pointwise& pro) {
+                                                                const Pointwise& pro, const Tensor* into) {
   const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
   check_pointwise(op, input, pro);
   GNEXT_CHECK(pro.kind == kPreNone && !defined(pro.residual), op, ": a modulated output takes no prologue or residual");
   const bool up = check_modulation(op, "scale", scale, input);
   GNEXT_CHECK(check_modulation(op, "shift", shift, input) == up && same_shape(scale.sizes(), shift.sizes()), op,
               ": shift.shape=", shape(shift), " must equal scale.shape=", shape(scale));
+  if (into != nullptr) check_rows_out(op, *into, input);
   DeviceGuard guard(input);
-  Tensor out = empty_on(input, input.sizes(), input.scalar_type());
+  Tensor out = into != nullptr ? *into : empty_on(input, input.sizes(), input.scalar_type());
   Tensor mean = empty_on(input, {s.N, s.G}, ScalarType::Float);
   Tensor rstd = empty_on(input, {s.N, s.G}, ScalarType::Float);
   if (input.numel() == 0) {
     fill_empty_stats(mean, rstd);
     return {out, mean, rstd};
   }
-  // The pass walks NCHW rows: x, scale and shift contiguous (copied where they are not).
+  // The pass walks NCHW rows: x, scale and shift contiguous (copied where they are not); out's rows at its strides.
   const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro);
   const Tensor sc = contig(scale), sh = contig(shift);
+  const gn::OutRows o{s.C, out.stride(0), out.stride(1)};
+  const int64_t es = static_cast<int64_t>(out.element_size());
+  const bool rows16 = (o.sn * es) % 16 == 0 && (o.sc * es) % 16 == 0;  // every row starts 16-byte aligned
   if (up) {  // (D, H, W) of x against (D, h, w) of scale and shift; a 4-D input has D = 1
     const int64_t d = input.dim();
     gn::ModShape m{s.N * s.C, d == 5 ? input.size(2) : 1, input.size(d - 2), input.size(d - 1), scale.size(d - 2),
@@ -520,13 +524,14 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
     m.sh = static_cast<float>(m.h) / static_cast<float>(m.H);
     m.sw = static_cast<float>(m.w) / static_cast<float>(m.W);
     GNEXT_CUDA_CHECK(gn::launch_affine_modulate_up(ns.t, m, ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(),
-                                                   out.data_ptr(), aligned16({ns.x.data_ptr(), out.data_ptr()}),
-                                                   ns.st.coef, ns.pw, plan_device().sms, ns.stream));
+                                                   out.data_ptr(), o,
+                                                   rows16 && aligned16({ns.x.data_ptr(), out.data_ptr()}), ns.st.coef,
+                                                   ns.pw, plan_device().sms, ns.stream));
     return {out, mean, rstd};
   }
-  const bool aligned = aligned16({ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(), out.data_ptr()});
+  const bool aligned = rows16 && aligned16({ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(), out.data_ptr()});
   GNEXT_CUDA_CHECK(gn::launch_affine_modulate(ns.t, s.N * s.C, s.HxW, ns.x.data_ptr(), sc.data_ptr(), sh.data_ptr(),
-                                              out.data_ptr(), aligned, ns.st.coef, ns.pw, plan_device().sms,
+                                              out.data_ptr(), o, aligned, ns.st.coef, ns.pw, plan_device().sms,
                                               ns.stream));
   return {out, mean, rstd};
 }

@@ -366,12 +366,18 @@ struct PadShape {
 // clamped index), `value` where constant padding has none. pw: an output activation only (no prologue, no residual).
 cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, void* out, const float* coef,
                               const PwArgs& pw, bool replicate, float value, int sm_count, cudaStream_t stream);
-// out = act((coef.y * (x - coef.x) + coef.w) * scale + shift) over `rows` rows (n, c) of HxW elements, x, scale, shift
-// and out NCHW-contiguous, coef per row (group_norm_modulate.cu); aligned: all four 16-byte aligned (16-byte vectors
-// where HxW allows). pw: an output activation only.
+// Where the modulated pass writes row (n, c) = (row / C, row % C): at n * sn + c * sc elements (a contiguous out:
+// sn = C * plane, sc = plane; out a slice along dim 2 of a larger buffer: that buffer's strides).
+struct OutRows {
+  int64_t C, sn, sc;
+  __host__ __device__ int64_t offset(int64_t row) const { return (row / C) * sn + (row % C) * sc; }
+};
+// out = act((coef.y * (x - coef.x) + coef.w) * scale + shift) over `rows` rows (n, c) of HxW elements, x, scale and
+// shift NCHW-contiguous, out's rows at o, coef per row (group_norm_modulate.cu); aligned: all four and the rows'
+// starts 16-byte aligned (16-byte vectors where HxW allows). pw: an output activation only.
 cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, const void* x, const void* scale,
-                                   const void* shift, void* out, bool aligned, const float* coef, const PwArgs& pw,
-                                   int sm_count, cudaStream_t stream);
+                                   const void* shift, void* out, const OutRows& o, bool aligned, const float* coef,
+                                   const PwArgs& pw, int sm_count, cudaStream_t stream);
 // The same with scale and shift of a smaller (h, w): rows (n, c) of x are (D, H, W), of scale and shift (D, h, w),
 // read at the nearest-neighbour source of each element as F.interpolate(mode="nearest") maps it (sh = h / H,
 // sw = w / W in float). D * H * W must fit 31 bits.
@@ -380,8 +386,8 @@ struct ModShape {
   float sh, sw;
 };
 cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const void* x, const void* scale,
-                                      const void* shift, void* out, bool aligned, const float* coef,
-                                      const PwArgs& pw, int sm_count, cudaStream_t stream);
+                                      const void* shift, void* out, const OutRows& o, bool aligned,
+                                      const float* coef, const PwArgs& pw, int sm_count, cudaStream_t stream);
 
 }  // namespace gn
 }  // namespace gnext

@@ -24,13 +24,15 @@ constexpr int kModUnroll = 4;  // vectors per thread and trip, all loaded before
 template <typename T, int V, int A>
 __global__ void __launch_bounds__(kModThreads)
     affine_modulate_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ shift,
-                           T* __restrict__ out, const float4* __restrict__ coef, int64_t rows, int64_t HxW) {
+                           T* __restrict__ out, const float4* __restrict__ coef, int64_t rows, int64_t HxW,
+                           OutRows o) {
   pdl_wait();  // launch_dependent: coef is written
   using Raw = typename Pack<T, V>::Raw;
   const int64_t per_trip = int64_t{kModThreads} * kModUnroll * V;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const float4 k = coef[row];
     const int64_t base = row * HxW;
+    T* const orow = out + o.offset(row);
     for (int64_t e0 = blockIdx.x * per_trip; e0 < HxW; e0 += static_cast<int64_t>(gridDim.x) * per_trip) {
       Raw xr[kModUnroll], sr[kModUnroll], br[kModUnroll];
 #pragma unroll
@@ -48,12 +50,12 @@ __global__ void __launch_bounds__(kModThreads)
         if (e >= HxW) break;
         Pack<T, V> px, ps, pb;
         px.raw = xr[u], ps.raw = sr[u], pb.raw = br[u];
-        float o[V];
+        float y[V];
 #pragma unroll
         for (int j = 0; j < V; ++j)
-          o[j] = act_apply<A>(fmaf(channel_affine<false>(k, to_float(px.v[j]), 0.f), to_float(ps.v[j]),
+          y[j] = act_apply<A>(fmaf(channel_affine<false>(k, to_float(px.v[j]), 0.f), to_float(ps.v[j]),
                                    to_float(pb.v[j])));
-        store_vec<T, V>(out + base + e, o);
+        store_vec<T, V>(orow + e, y);
       }
     }
   }
@@ -66,50 +68,57 @@ __global__ void __launch_bounds__(kModThreads)
 template <typename T, int V, int A>
 __global__ void __launch_bounds__(kModThreads)
     affine_modulate_up_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ shift,
-                              T* __restrict__ out, const float4* __restrict__ coef, ModShape m) {
+                              T* __restrict__ out, const float4* __restrict__ coef, ModShape m, OutRows o) {
   pdl_wait();  // launch_dependent: coef is written
   using Raw = typename Pack<T, V>::Raw;
-  constexpr int U = 2;  // vectors per thread and trip: each carries 2 V gathered values
   const uint32_t plane = static_cast<uint32_t>(m.D * m.H * m.W), W = static_cast<uint32_t>(m.W),
                  H = static_cast<uint32_t>(m.H);
   const int h = static_cast<int>(m.h), w = static_cast<int>(m.w);
   const int64_t mplane = m.D * m.h * m.w;
-  const uint32_t per_trip = uint32_t{kModThreads} * U * V;
+  const uint32_t per_trip = uint32_t{kModThreads} * kModUnroll * V;
   for (int64_t row = blockIdx.y; row < m.rows; row += gridDim.y) {
     const float4 k = coef[row];
     const int64_t base = row * static_cast<int64_t>(plane);
+    T* const orow = out + o.offset(row);
     const T* const srow = scale + row * mplane;
     const T* const brow = shift + row * mplane;
     for (uint32_t e0 = blockIdx.x * per_trip; e0 < plane; e0 += gridDim.x * per_trip) {
-      Raw xr[U];
-      float sv[U][V], bv[U][V];
+      // x's vectors are loaded first; scale and shift, a small tensor mostly served by L1 and L2, after.
+      Raw xr[kModUnroll];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < kModUnroll; ++u) {
         const uint32_t e = e0 + (static_cast<uint32_t>(u) * kModThreads + threadIdx.x) * V;
-        if (e < plane) {
-          xr[u] = ldg_raw(reinterpret_cast<const Raw*>(x + base + e));
-          const uint32_t q = e / W, j0 = e - q * W, d = q / H, i = q - d * H;
-          const int si = min(static_cast<int>(static_cast<float>(i) * m.sh), h - 1);
-          const int64_t src = (static_cast<int64_t>(d) * h + si) * w;
+        if (e < plane) xr[u] = ldg_raw(reinterpret_cast<const Raw*>(x + base + e));
+      }
+#pragma unroll
+      for (int u = 0; u < kModUnroll; ++u) {
+        const uint32_t e = e0 + (static_cast<uint32_t>(u) * kModThreads + threadIdx.x) * V;
+        if (e >= plane) break;
+        const uint32_t q = e / W, j0 = e - q * W, d = q / H, i = q - d * H;
+        const int si = min(static_cast<int>(static_cast<float>(i) * m.sh), h - 1);
+        const int64_t src = (static_cast<int64_t>(d) * h + si) * w;
+        const int first = min(static_cast<int>(static_cast<float>(j0) * m.sw), w - 1);
+        const int last = min(static_cast<int>(static_cast<float>(j0 + V - 1) * m.sw), w - 1);
+        float sv[V], bv[V];
+        if (first == last) {  // the vector's elements share one source (upsampling by V or more)
+          const float a = to_float(srow[src + first]), c = to_float(brow[src + first]);
+#pragma unroll
+          for (int j = 0; j < V; ++j) sv[j] = a, bv[j] = c;
+        } else {
 #pragma unroll
           for (int j = 0; j < V; ++j) {
             const int sj = min(static_cast<int>(static_cast<float>(j0 + j) * m.sw), w - 1);
-            sv[u][j] = to_float(srow[src + sj]);
-            bv[u][j] = to_float(brow[src + sj]);
+            sv[j] = to_float(srow[src + sj]);
+            bv[j] = to_float(brow[src + sj]);
           }
         }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint32_t e = e0 + (static_cast<uint32_t>(u) * kModThreads + threadIdx.x) * V;
-        if (e >= plane) break;
         Pack<T, V> px;
         px.raw = xr[u];
-        float o[V];
+        float y[V];
 #pragma unroll
         for (int j = 0; j < V; ++j)
-          o[j] = act_apply<A>(fmaf(channel_affine<false>(k, to_float(px.v[j]), 0.f), sv[u][j], bv[u][j]));
-        store_vec<T, V>(out + base + e, o);
+          y[j] = act_apply<A>(fmaf(channel_affine<false>(k, to_float(px.v[j]), 0.f), sv[j], bv[j]));
+        store_vec<T, V>(orow + e, y);
       }
     }
   }
@@ -118,8 +127,8 @@ __global__ void __launch_bounds__(kModThreads)
 }  // namespace
 
 cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const void* x, const void* scale,
-                                      const void* shift, void* out, bool aligned, const float* coef,
-                                      const PwArgs& pw, int sm_count, cudaStream_t stream) {
+                                      const void* shift, void* out, const OutRows& o, bool aligned,
+                                      const float* coef, const PwArgs& pw, int sm_count, cudaStream_t stream) {
   if (m.rows <= 0 || m.D * m.H * m.W <= 0) return cudaSuccess;
   if (pw_pre(pw.mode) != kPreNone || pw.residual != nullptr || m.h <= 0 || m.w <= 0 ||
       m.D * m.H * m.W > int64_t{INT32_MAX} - 4096)
@@ -131,7 +140,8 @@ cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const voi
     const bool wide = aligned && m.W % VW == 0;
     const int V = wide ? VW : 1;
     const int64_t plane = m.D * m.H * m.W;
-    const int64_t per_row = (plane + int64_t{kModThreads} * 2 * V - 1) / (int64_t{kModThreads} * 2 * V);
+    const int64_t per_row =
+        (plane + int64_t{kModThreads} * kModUnroll * V - 1) / (int64_t{kModThreads} * kModUnroll * V);
     const int64_t ys = std::min<int64_t>(m.rows, 65535);
     const int64_t cap = std::max<int64_t>(1, int64_t{16} * 8 * sm_count / ys);
     const dim3 grid(static_cast<unsigned>(std::min(per_row, cap)), static_cast<unsigned>(ys));
@@ -144,7 +154,7 @@ cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const voi
         auto go = [&](auto kernel) {
           return launch_dependent(kernel, grid, dim3(kModThreads), 0, stream, static_cast<const T*>(x),
                                   static_cast<const T*>(scale), static_cast<const T*>(shift), static_cast<T*>(out),
-                                  reinterpret_cast<const float4*>(coef), m);
+                                  reinterpret_cast<const float4*>(coef), m, o);
         };
         return wide ? go(affine_modulate_up_kernel<T, VW, A>) : go(affine_modulate_up_kernel<T, 1, A>);
       }
@@ -153,8 +163,8 @@ cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const voi
 }
 
 cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, const void* x, const void* scale,
-                                   const void* shift, void* out, bool aligned, const float* coef, const PwArgs& pw,
-                                   int sm_count, cudaStream_t stream) {
+                                   const void* shift, void* out, const OutRows& o, bool aligned, const float* coef,
+                                   const PwArgs& pw, int sm_count, cudaStream_t stream) {
   if (rows <= 0 || HxW <= 0) return cudaSuccess;
   if (pw_pre(pw.mode) != kPreNone || pw.residual != nullptr) return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) {
@@ -176,7 +186,7 @@ cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, cons
         auto go = [&](auto kernel) {
           return launch_dependent(kernel, grid, dim3(kModThreads), 0, stream, static_cast<const T*>(x),
                                   static_cast<const T*>(scale), static_cast<const T*>(shift), static_cast<T*>(out),
-                                  reinterpret_cast<const float4*>(coef), rows, HxW);
+                                  reinterpret_cast<const float4*>(coef), rows, HxW, o);
         };
         return wide ? go(affine_modulate_kernel<T, VW, A>) : go(affine_modulate_kernel<T, 1, A>);
       }

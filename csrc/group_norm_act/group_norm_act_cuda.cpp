@@ -50,6 +50,16 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_act_modulate_cuda(const Tensor& in
                                       forward_pointwise(op, activation, {}));
 }
 
+std::tuple<Tensor, Tensor> group_norm_act_modulate_into_cuda(const Tensor& input, int64_t num_groups,
+                                                             const OptTensor& weight, const OptTensor& bias,
+                                                             double eps, const Tensor& scale, const Tensor& shift,
+                                                             const std::string& activation, const Tensor& out) {
+  constexpr const char* op = "gnext.group_norm_act_modulate_into";
+  auto r = group_norm_modulate_cuda_pre(op, input, num_groups, weight, bias, eps, scale, shift,
+                                        forward_pointwise(op, activation, {}), &out);
+  return {std::get<1>(r), std::get<2>(r)};
+}
+
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_act_backward_cuda(
     const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
     const OptTensor& bias, int64_t num_groups, const std::string& activation, const std::vector<bool>& output_mask) {
@@ -90,6 +100,7 @@ STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
   m.impl("group_norm_act_backward", TORCH_BOX(&group_norm_act_backward_cuda));
   m.impl("group_norm_act_pad", TORCH_BOX(&group_norm_act_pad_cuda));
   m.impl("group_norm_act_modulate", TORCH_BOX(&group_norm_act_modulate_cuda));
+  m.impl("group_norm_act_modulate_into", TORCH_BOX(&group_norm_act_modulate_into_cuda));
   m.impl("group_norm_act_apply", TORCH_BOX(&group_norm_act_apply_cuda));
   m.impl("group_norm_act_apply_backward_sums", TORCH_BOX(&group_norm_act_apply_backward_sums_cuda));
   m.impl("group_norm_act_apply_backward", TORCH_BOX(&group_norm_act_apply_backward_cuda));

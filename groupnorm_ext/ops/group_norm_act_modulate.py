@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .. import _autograd, _cpu
 from .._autograd import _call_backward, _cast
-from .._cpu import _check, _check_like_input, _group_norm, act_backward, apply_act, check_group_norm_args, \
+from .._cpu import _check, _check_like_input, _dt, _group_norm, act_backward, apply_act, check_group_norm_args, \
     parse_activation
 
 
@@ -82,6 +82,43 @@ def group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, 
     return out.to(input.dtype).contiguous(), mean, rstd
 
 
+def check_rows_out(op, out, input):
+    """out of group_norm_act_modulate_into: input's shape, dtype and device, each (n, c) plane contiguous and the
+    planes apart (as the CUDA op checks it)."""
+    _check(out.shape == input.shape, lambda: f"{op}: out.shape={list(out.shape)} must equal input.shape="
+                                             f"{list(input.shape)}")
+    _check(out.dtype == input.dtype, lambda: f"{op}: out dtype ({_dt(out)}) must equal input dtype ({_dt(input)})")
+    _check(out.device == input.device, lambda: f"{op}: out is on {out.device} but input is on {input.device}")
+    plane, packed = 1, True
+    for i in range(out.dim() - 1, 1, -1):
+        packed = packed and (out.shape[i] == 1 or out.stride(i) == plane)
+        plane *= out.shape[i]
+    N, C = out.shape[0], out.shape[1]
+    apart = (C <= 1 or out.stride(1) >= plane) and (N <= 1 or out.stride(0) >= (C - 1) * out.stride(1) + plane)
+    _check(out.numel() == 0 or (packed and apart),
+           lambda: f"{op}: out must have each (n, c) plane contiguous and the planes apart (e.g. a slice along dim 2 "
+                   f"of a contiguous tensor); got shape {list(out.shape)} and strides {list(out.stride())}")
+
+
+@torch.library.register_fake("gnext::group_norm_act_modulate_into")
+def _modulate_into_fake(input, num_groups, weight, bias, eps, scale, shift, activation, out):
+    op = "gnext.group_norm_act_modulate_into"
+    check_group_norm_args(op, input, num_groups, weight, bias)
+    check_modulation(op, input, scale, shift)
+    check_rows_out(op, out, input)
+    N = input.shape[0]
+    return (input.new_empty((N, num_groups), dtype=torch.float32),
+            input.new_empty((N, num_groups), dtype=torch.float32))
+
+
+def group_norm_act_modulate_into(input, num_groups, weight, bias, eps, scale, shift, activation, out):
+    op = "gnext.group_norm_act_modulate_into"
+    check_rows_out(op, out, input)
+    y, mean, rstd = group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation)
+    out.copy_(y)
+    return mean, rstd
+
+
 # group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation) -> (out, mean, rstd)
 def _modulate_save(ctx, inputs, output):
     input, num_groups, weight, bias, _, scale, shift, activation = inputs
@@ -116,5 +153,7 @@ def _modulate_grads(ctx, need, grad_out):
     return dx, None, dw, _cast(db, ctx.bias_dtype), None, dscale, dshift, None
 
 
-_cpu.register(group_norm_act_modulate)
+_cpu.register(group_norm_act_modulate, group_norm_act_modulate_into)
 _autograd.register("group_norm_act_modulate", _modulate_save, _modulate_grads, backward_op=False)
+_autograd.register_no_grad("group_norm_act_modulate_into",
+                           "it writes into out, which autograd does not record; call group_norm_act_modulate")

@@ -278,10 +278,10 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
             copy.deepcopy(orig), return_counts=True, pad_into_conv=False,
             example_inputs=args if row in TRACED_ROWS else None)
         fns["gnext-nopad"] = step_fn(nopad, args, train)
-    if "gnext-nomod" in variants:  # the converter without its spatial norms (CogVideoX): their own forwards back
-        nomod = copy.deepcopy(conv)
+    if "gnext-nomod" in variants:  # the converter without its spatial norms (CogVideoX): their own forwards back,
+        nomod = copy.deepcopy(conv)  # and their blocks' (which write the norms into the convolutions' inputs)
         for m in nomod.modules():
-            if type(m).__name__ == "CogVideoXSpatialNorm3D":
+            if type(m).__name__ in ("CogVideoXSpatialNorm3D", "CogVideoXResnetBlock3D"):
                 m.__dict__.pop("forward", None)
         fns["gnext-nomod"] = step_fn(nomod, args, train)
     outs, t_compile = {}, {}
