@@ -40,17 +40,19 @@ STABLE_TORCH_LIBRARY(gnext, m) {
   m.def(
       "group_norm_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " Tensor? bias, int num_groups, str activation, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
-  // out = act(GroupNorm(input) * scale + shift), scale and shift of input's dtype and shape, or (4-D, 5-D) of smaller
-  // (h, w) read by nearest upsampling (a spatially conditioned norm, e.g. CogVideoX's decoder), in one pass after the
-  // statistics. Contiguous out; mean/rstd (N, G) float32.
+  // out = act(GroupNorm(input + input_bias[c]) * scale + shift), scale and shift of input's dtype and shape, or
+  // (4-D, 5-D) of smaller (h, w) read by nearest upsampling (a spatially conditioned norm, e.g. CogVideoX's decoder),
+  // in one pass after the statistics; input_bias (C,) or None (a convolution's bias, which input does not hold).
+  // Contiguous out; mean/rstd (N, G) float32, of input + input_bias.
   m.def(
       "group_norm_act_modulate(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, Tensor scale,"
-      " Tensor shift, str activation) -> (Tensor out, Tensor mean, Tensor rstd)");
+      " Tensor shift, str activation, Tensor? input_bias=None) -> (Tensor out, Tensor mean, Tensor rstd)");
   // The same written into out (input's shape and dtype, each (n, c) plane contiguous: e.g. the frames after the
   // cached ones in a causal convolution's input buffer). Not differentiable; mean/rstd (N, G) float32.
   m.def(
       "group_norm_act_modulate_into(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps,"
-      " Tensor scale, Tensor shift, str activation, Tensor(a!) out) -> (Tensor mean, Tensor rstd)");
+      " Tensor scale, Tensor shift, str activation, Tensor(a!) out, Tensor? input_bias=None)"
+      " -> (Tensor mean, Tensor rstd)");
   // Moments of a shard of a tensor split over ranks: (3, N, G) float64 (count, mean, M2) per (n, g), the input
   // read once; and Chan's merge of the ranks' moments gathered into (world, 3, N, G): mean, rstd = 1/sqrt(M2/count +
   // eps) (N, G) float32 and count (N, G) float64.

@@ -593,7 +593,8 @@ def _fuse_spatial_norm(module: nn.Module, counts: dict) -> None:
 # concatenates its cached frames (or k copies of the first frame) before its input along time and convolves that.
 # The fused block writes each norm's activated output straight into that buffer after the k cached frames
 # (group_norm_act_modulate(..., out=)), then copies the k frames before it: the concatenation's full copy of the
-# tensor and the unconcatenated output are not made. Installed only where both forwards are diffusers' own (source
+# tensor and the unconcatenated output are not made; conv1's bias goes to norm2, which adds it as it reads
+# (input_bias), instead of PyTorch's broadcast pass over conv1's output. Installed only where both forwards are diffusers' own (source
 # checked against 0.35.1) and the norms are spatial norms, the activation SiLU and the convolutions causal with
 # cached frames; it runs where no gradient is needed (inference; else the block's own forward).
 _COG_RESNET3D = (
@@ -639,17 +640,24 @@ def _is_cog_resnet3d(m: nn.Module) -> bool:
             and _source_has(cls, _COG_RESNET3D))
 
 
-def _norm_into_causal_conv(norm, conv, f, zq, norm_cache, conv_cache):
-    """conv(silu(norm(f, zq))) as diffusers computes it (the cached frames, or k copies of the first frame, before
-    the activated output), with the activated output written into the convolution's input buffer."""
+def _norm_into_causal_conv(norm, conv, f, zq, norm_cache, conv_cache, f_bias=None, defer_bias=False):
+    """conv(silu(norm(f + f_bias, zq))) as diffusers computes it (the cached frames, or k copies of the first frame,
+    before the activated output), with the activated output written into the convolution's input buffer. f_bias: a
+    per-channel bias f does not hold yet (the norm adds it). defer_bias: return the convolution's output without
+    its bias and that bias (None where it was added: no bias, or CogVideoXSafeConv3d's chunked path over 2 GiB)."""
     scale, shift, new_norm_cache = _spatial_modulation(norm, f, zq, norm_cache)
     gn = norm.norm_layer
     k = conv.time_kernel_size - 1
     buf = f.new_empty((f.shape[0], f.shape[1], f.shape[2] + k) + tuple(f.shape[3:]))
-    group_norm_act_modulate(f, gn.num_groups, scale, shift, gn.weight, gn.bias, gn.eps, "silu", out=buf[:, :, k:])
+    group_norm_act_modulate(f, gn.num_groups, scale, shift, gn.weight, gn.bias, gn.eps, "silu", out=buf[:, :, k:],
+                            input_bias=f_bias)
     buf[:, :, :k].copy_(conv_cache if conv_cache is not None else buf[:, :, k:k + 1].expand_as(buf[:, :, :k]))
     new_conv_cache = buf[:, :, -k:].clone()
-    return conv.conv(buf), new_norm_cache, new_conv_cache
+    c = conv.conv
+    if defer_bias and c.bias is not None and buf.numel() * 2 / 1024**3 <= 2:  # SafeConv3d's unchunked path
+        # The bias goes to the next norm, which adds it as it reads: one broadcast pass over the output less.
+        return c._conv_forward(buf, c.weight, None), new_norm_cache, new_conv_cache, c.bias
+    return c(buf), new_norm_cache, new_conv_cache, None
 
 
 def _cog_resnet3d_forward(self, inputs, temb=None, zq=None, conv_cache=None):
@@ -661,10 +669,10 @@ def _cog_resnet3d_forward(self, inputs, temb=None, zq=None, conv_cache=None):
         return type(self).forward(self, inputs, temb, zq, conv_cache)
     new_conv_cache = {}
     conv_cache = conv_cache or {}
-    hidden_states, new_conv_cache["norm1"], new_conv_cache["conv1"] = _norm_into_causal_conv(
-        self.norm1, self.conv1, inputs, zq, conv_cache.get("norm1"), conv_cache.get("conv1"))
-    hidden_states, new_conv_cache["norm2"], new_conv_cache["conv2"] = _norm_into_causal_conv(
-        self.norm2, self.conv2, hidden_states, zq, conv_cache.get("norm2"), conv_cache.get("conv2"))
+    hidden_states, new_conv_cache["norm1"], new_conv_cache["conv1"], conv1_bias = _norm_into_causal_conv(
+        self.norm1, self.conv1, inputs, zq, conv_cache.get("norm1"), conv_cache.get("conv1"), defer_bias=True)
+    hidden_states, new_conv_cache["norm2"], new_conv_cache["conv2"], _ = _norm_into_causal_conv(
+        self.norm2, self.conv2, hidden_states, zq, conv_cache.get("norm2"), conv_cache.get("conv2"), conv1_bias)
     if self.in_channels != self.out_channels:
         if self.use_conv_shortcut:
             inputs, new_conv_cache["conv_shortcut"] = self.conv_shortcut(

@@ -216,6 +216,7 @@ def group_norm_act_modulate(
     activation: str = "identity",
     *,
     out: Optional[torch.Tensor] = None,
+    input_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     r"""``act(group_norm(input) * scale + shift)`` in one op, with ``scale`` and ``shift`` tensors of ``input``'s
     shape, or of smaller height and width that are upsampled by nearest neighbour: a spatially conditioned GroupNorm
@@ -244,6 +245,9 @@ def group_norm_act_modulate(
             ``(n, c)`` plane contiguous and no two overlapping, e.g. ``buf[:, :, k:]`` of a contiguous ``buf`` whose
             first ``k`` frames hold something else (a causal convolution's cached frames). Not differentiable:
             with ``out``, no argument may require grad while grad mode is on.
+        input_bias: ``(C,)`` tensor of ``input``'s dtype or float32, or None: the op normalizes
+            ``input + input_bias[c]`` (a convolution's bias that ``input`` does not hold yet), read as ``input`` is
+            (the bias shifts the statistics and the per-channel coefficients). Differentiable.
 
     Returns:
         Contiguous tensor of ``input``'s shape and dtype, or ``out``.
@@ -259,6 +263,9 @@ def group_norm_act_modulate(
     if input.dtype == torch.float64:  # ATen's ops, as group_norm
         act = _cpu.parse_activation("gnext.group_norm_act_modulate", activation)
         _modulate_op.check_modulation("gnext.group_norm_act_modulate", input, scale, shift)
+        _modulate_op.check_input_bias("gnext.group_norm_act_modulate", input, input_bias)
+        if input_bias is not None:
+            input = input + input_bias.view((1, -1) + (1,) * (input.dim() - 2))
         n = torch.nn.functional.group_norm(input, num_groups, weight, bias, eps)
         scale, shift = _modulate_op.upsample(scale, input), _modulate_op.upsample(shift, input)
         y = _cpu.apply_act(torch.addcmul(shift, n, scale), act).contiguous()
@@ -268,9 +275,9 @@ def group_norm_act_modulate(
         return out.copy_(y)
     if out is not None:
         torch.ops.gnext.group_norm_act_modulate_into(input, num_groups, weight, bias, eps, scale, shift, activation,
-                                                     out)
+                                                     out, input_bias)
         return out
-    return _group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation)
+    return _group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation, input_bias)
 
 
 def group_norm_act_logsumexp(

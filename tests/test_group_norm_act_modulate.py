@@ -27,8 +27,9 @@ def _up(t, like):
 
 
 def _check(device, dtype, shape, G, act, layout="contiguous", affine=True, seed=0, offset=2.0, backward=True,
-           fwd_tol=FWD_TOL, bwd_tol=BWD_TOL, small=None):
-    """small: the shape of scale and shift where smaller than x's (nearest-upsampled by the op)."""
+           fwd_tol=FWD_TOL, bwd_tol=BWD_TOL, small=None, input_bias=None):
+    """small: the shape of scale and shift where smaller than x's (nearest-upsampled by the op). input_bias: the
+    dtype of a per-channel bias that the op adds to x before the norm (None: none)."""
     gen = torch.Generator().manual_seed(seed)
     x = layout_input(shape, dtype, device, layout, 3.0, offset, gen)
     s = layout_input(small or shape, dtype, device, layout, 0.5, 1.0, gen)  # scale around 1, shift around -0.5
@@ -36,13 +37,16 @@ def _check(device, dtype, shape, G, act, layout="contiguous", affine=True, seed=
     C = shape[1]
     w = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5 + 1).to(device) if affine else None
     b = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(device) if affine else None
-    n_ref, _, _ = reference(x, G, w, b, 1e-5)
+    ib = (torch.randn(C, generator=gen, dtype=torch.float64) * 3).to(device) if input_bias else None
+    view = (1, C) + (1,) * (len(shape) - 2)
+    n_ref, _, _ = reference(x if ib is None else x.double() + ib.view(view), G, w, b, 1e-5)
     ref = act_ref(n_ref * _up(s.double(), x) + _up(t.double(), x), act)
     poison(device, ref.numel() * 4)
     xr, sr, tr = (v.detach().requires_grad_(backward) for v in (x, s, t))
     wr = w.to(dtype).requires_grad_(backward) if affine else None
     br = b.to(dtype).requires_grad_(backward) if affine else None
-    out = ge.group_norm_act_modulate(xr, G, sr, tr, wr, br, 1e-5, act)
+    ibr = ib.to(input_bias).requires_grad_(backward) if input_bias else None
+    out = ge.group_norm_act_modulate(xr, G, sr, tr, wr, br, 1e-5, act, input_bias=ibr)
     assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
     assert_close_to_ref(out.detach(), ref, dtype, fwd_tol)
     if not backward:
@@ -52,8 +56,11 @@ def _check(device, dtype, shape, G, act, layout="contiguous", affine=True, seed=
     xd, sd, td = (v.detach().double().requires_grad_() for v in (x, s, t))
     wd = w.detach().clone().requires_grad_() if affine else None
     bd = b.detach().clone().requires_grad_() if affine else None
-    act_ref(gn_decomposed(xd, G, wd, bd) * _up(sd, xd) + _up(td, xd), act).backward(dy)
-    for got, want in ((xr, xd), (sr, sd), (tr, td)) + (((wr, wd), (br, bd)) if affine else ()):
+    ibd = ib.detach().clone().requires_grad_() if input_bias else None
+    xin = xd if ibd is None else xd + ibd.view(view)
+    act_ref(gn_decomposed(xin, G, wd, bd) * _up(sd, xd) + _up(td, xd), act).backward(dy)
+    pairs = ((xr, xd), (sr, sd), (tr, td)) + (((wr, wd), (br, bd)) if affine else ())
+    for got, want in pairs + (((ibr, ibd),) if input_bias else ()):
         assert_close_to_ref(got.grad, want.grad, dtype, bwd_tol)
 
 
@@ -84,6 +91,17 @@ def test_smaller_scale_and_shift(device, dtype, shape, small, G):
     """scale and shift of smaller (h, w): x's source element per F.interpolate(mode="nearest"), gradients of scale
     and shift summed over the elements that read them."""
     _check(device, dtype, shape, G, "silu", seed=shape[-1] + small[-1], small=small)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("small", [None, (2, 8, 3, 3, 5)], ids=["full", "small"])
+@pytest.mark.parametrize("bias_dtype", ["input", "float32"])
+def test_input_bias(device, dtype, small, bias_dtype):
+    """GroupNorm of x + input_bias[c] (a convolution's bias not yet added): forward and every gradient, the bias's
+    included, against float64; the bias in the input's dtype or float32."""
+    _check(device, dtype, (2, 8, 3, 12, 20), 4, "silu", seed=13, small=small,
+           input_bias=dtype if bias_dtype == "input" else torch.float32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -148,6 +166,10 @@ def test_into_a_slice_of_a_larger_buffer(device, dtype, small):
     assert got.data_ptr() == buf[:, :, k:].data_ptr()
     torch.testing.assert_close(buf[:, :, k:], want, rtol=0, atol=0)
     assert bool((buf[:, :, :k] == 7).all())
+    ib = torch.randn(C, generator=gen).to(device)  # with an input bias (float32)
+    ge.group_norm_act_modulate(x, 4, sc, sh, w, b, 1e-5, "silu", out=buf[:, :, k:], input_bias=ib)
+    torch.testing.assert_close(buf[:, :, k:], ge.group_norm_act_modulate(x, 4, sc, sh, w, b, 1e-5, "silu",
+                                                                         input_bias=ib), rtol=0, atol=0)
     # a 4-D out whose channels are rows of a wider buffer (row stride W + 3 elements: unaligned rows, scalar path)
     x4 = x[:, :, 0]
     wide = torch.full((N, C, H * W + 3), 5.0, device=device, dtype=dtype)
@@ -191,9 +213,10 @@ def test_opcheck(device):
                                s.clone().requires_grad_(), t, "identity"))
     small = (s[..., :2].contiguous(), t[..., :2].contiguous())
     torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w, b, 1e-5, small[0].requires_grad_(), small[1], "gelu"))
+    torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w, b, 1e-5, s, t, "silu", b.clone().requires_grad_()))
     into = torch.ops.gnext.group_norm_act_modulate_into.default
     torch.library.opcheck(into, (x, 4, w, b, 1e-5, small[0].detach(), small[1], "silu",
-                                 torch.empty(2, 8, 4, 5, device=device)[:, :, 1:]),
+                                 torch.empty(2, 8, 4, 5, device=device)[:, :, 1:], b),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
@@ -217,6 +240,10 @@ def test_errors(device):
         ge.group_norm_act_modulate(x[..., 0], 4, x[:, :, :2, 0], x[:, :, :2, 0])  # 3-D: no upsampling
     with pytest.raises(RuntimeError, match=r"shift.shape=\[1, 8, 3, 4\] must equal scale.shape=\[1, 8, 3, 2\]"):
         ge.group_norm_act_modulate(x, 4, small, x)
+    with pytest.raises(RuntimeError, match=r"input_bias.shape=\[4\] must be \(C,\) = \(8\)"):
+        ge.group_norm_act_modulate(x, 4, x, x, input_bias=torch.zeros(4, device=device))
+    with pytest.raises(RuntimeError, match=r"input_bias dtype must match input \(Float\) or be float32, got Half"):
+        ge.group_norm_act_modulate(x, 4, x, x, input_bias=torch.zeros(8, device=device, dtype=torch.half))
     with pytest.raises(RuntimeError, match=r"shift dtype \(Half\) must equal input dtype \(Float\)"):
         ge.group_norm_act_modulate(x, 4, x, x.half())
     with pytest.raises(RuntimeError, match="must be divisible by num_groups"):

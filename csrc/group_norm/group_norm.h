@@ -258,7 +258,8 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
                                                                 int64_t num_groups, const OptTensor& weight,
                                                                 const OptTensor& bias, double eps,
                                                                 const Tensor& scale, const Tensor& shift,
-                                                                const Pointwise& pro, const Tensor* into = nullptr);
+                                                                const Pointwise& pro, const Tensor* into = nullptr,
+                                                                const OptTensor& input_bias = {});
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda_pre(
     const char* op, const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd,
     const OptTensor& weight, int64_t num_groups, std::array<bool, 3> output_mask, const Pointwise& pro);

@@ -108,9 +108,10 @@ struct TwoPassStats {
   Scratch ws;
   float* coef = nullptr;
 };
+// shift: (C,) float32 or null, the statistics are those of x + shift[c] (the coefficients still apply to x).
 TwoPassStats two_pass_stats(ScalarKind t, const Problem& p, const gn::ReduceGeometry& rg, const Tensor& x,
                             const gn::PwArgs& pw, const OptTensor& w, const OptTensor& b, const Tensor& mean,
-                            const Tensor& rstd, double eps, cudaStream_t stream) {
+                            const Tensor& rstd, double eps, cudaStream_t stream, const float* shift = nullptr) {
   const int64_t n_partial = p.N * p.C * rg.K * 3, n_coef = p.N * p.C * 4;
   TwoPassStats st{scratch(x, scratch_floats({n_partial, n_coef}), stream)};
   float* partial = st.ws.take(n_partial);
@@ -118,7 +119,7 @@ TwoPassStats two_pass_stats(ScalarKind t, const Problem& p, const gn::ReduceGeom
   GNEXT_CUDA_CHECK(gn::launch_reduce(false, t, p, rg, x.data_ptr(), nullptr, nullptr, partial, pw, stream));
   GNEXT_CUDA_CHECK(gn::launch_finalize_forward(param_kind(w, b, ScalarType::Float), p, partial_layout(p, rg),
                                              partial, ptr_or_null(w), ptr_or_null(b), ptr<float>(mean),
-                                             ptr<float>(rstd), st.coef, static_cast<float>(eps), nullptr, stream));
+                                             ptr<float>(rstd), st.coef, static_cast<float>(eps), shift, stream));
   return st;
 }
 
@@ -438,7 +439,8 @@ struct NchwStats {
   gn::PwArgs pw;
 };
 NchwStats nchw_stats(const Problem& s, const Tensor& input, const OptTensor& weight, const OptTensor& bias,
-                     const Tensor& mean, const Tensor& rstd, double eps, const Pointwise& pro) {
+                     const Tensor& mean, const Tensor& rstd, double eps, const Pointwise& pro,
+                     const float* shift = nullptr) {
   NchwStats r;
   r.x = contig(input);
   r.w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
@@ -448,7 +450,7 @@ NchwStats nchw_stats(const Problem& s, const Tensor& input, const OptTensor& wei
   const Plan plan = gn::plan_stats(s, req, plan_device(), gn::tuning());
   r.stream = current_stream(r.x);
   r.t = scalar_kind(input.scalar_type());
-  r.st = two_pass_stats(r.t, s, plan.reduce, r.x, gn::PwArgs{}, r.w, r.b, mean, rstd, eps, r.stream);
+  r.st = two_pass_stats(r.t, s, plan.reduce, r.x, gn::PwArgs{}, r.w, r.b, mean, rstd, eps, r.stream, shift);
   r.pw = pw_args(pro, Tensor(), nullptr, r.w, r.b);
   return r;
 }
@@ -494,8 +496,19 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
                                                                 int64_t num_groups, const OptTensor& weight,
                                                                 const OptTensor& bias, double eps,
                                                                 const Tensor& scale, const Tensor& shift,
-                                                                const Pointwise& pro, const Tensor* into) {
+                                                                const Pointwise& pro, const Tensor* into,
+                                                                const OptTensor& input_bias) {
   const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
+  if (defined(input_bias)) {
+    const Tensor& ib = *input_bias;
+    GNEXT_CHECK(ib.dim() == 1 && ib.size(0) == s.C, op, ": input_bias.shape=", shape(ib), " must be (C,) = (", s.C,
+                ")");
+    GNEXT_CHECK(ib.scalar_type() == input.scalar_type() || ib.scalar_type() == ScalarType::Float, op,
+                ": input_bias dtype must match input (", input.scalar_type(), ") or be float32, got ",
+                ib.scalar_type());
+    GNEXT_CHECK(same_device(ib, input), op, ": input_bias is on ", device_name(ib), " but input is on ",
+                device_name(input));
+  }
   check_pointwise(op, input, pro);
   GNEXT_CHECK(pro.kind == kPreNone && !defined(pro.residual), op, ": a modulated output takes no prologue or residual");
   const bool up = check_modulation(op, "scale", scale, input);
@@ -511,7 +524,11 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
     return {out, mean, rstd};
   }
   // The pass walks NCHW rows: x, scale and shift contiguous (copied where they are not); out's rows at its strides.
-  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro);
+  // An input bias shifts the per-channel partials' means in the finalize (the statistics of x + b) and the rows'
+  // coefficients (x - (mean - b)): x itself is read as it is.
+  const Tensor ib = defined(input_bias) ? contig(to_dtype(*input_bias, ScalarType::Float)) : Tensor();
+  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro,
+                                  defined(input_bias) ? ptr<float>(ib) : nullptr);
   const Tensor sc = contig(scale), sh = contig(shift);
   const gn::OutRows o{s.C, out.stride(0), out.stride(1)};
   const int64_t es = static_cast<int64_t>(out.element_size());

@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(1024)
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     const int64_t c = g * D + d;
     const float w = gamma ? to_float(gamma[c]) : 1.f, b = beta ? to_float(beta[c]) : 0.f;
-    coef[n * C + c] = make_float4(s.mean, rstd * w, 0.f, b);
+    // With a shift (statistics of x + shift[c]), the elementwise pass still reads x: x - (mean - shift[c]).
+    coef[n * C + c] = make_float4(shift ? s.mean - shift[c] : s.mean, rstd * w, 0.f, b);
   }
 }
 

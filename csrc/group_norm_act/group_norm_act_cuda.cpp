@@ -44,19 +44,21 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_act_pad_cuda(const Tensor& input, 
 std::tuple<Tensor, Tensor, Tensor> group_norm_act_modulate_cuda(const Tensor& input, int64_t num_groups,
                                                                 const OptTensor& weight, const OptTensor& bias,
                                                                 double eps, const Tensor& scale, const Tensor& shift,
-                                                                const std::string& activation) {
+                                                                const std::string& activation,
+                                                                const OptTensor& input_bias) {
   constexpr const char* op = "gnext.group_norm_act_modulate";
   return group_norm_modulate_cuda_pre(op, input, num_groups, weight, bias, eps, scale, shift,
-                                      forward_pointwise(op, activation, {}));
+                                      forward_pointwise(op, activation, {}), nullptr, input_bias);
 }
 
 std::tuple<Tensor, Tensor> group_norm_act_modulate_into_cuda(const Tensor& input, int64_t num_groups,
                                                              const OptTensor& weight, const OptTensor& bias,
                                                              double eps, const Tensor& scale, const Tensor& shift,
-                                                             const std::string& activation, const Tensor& out) {
+                                                             const std::string& activation, const Tensor& out,
+                                                             const OptTensor& input_bias) {
   constexpr const char* op = "gnext.group_norm_act_modulate_into";
   auto r = group_norm_modulate_cuda_pre(op, input, num_groups, weight, bias, eps, scale, shift,
-                                        forward_pointwise(op, activation, {}), &out);
+                                        forward_pointwise(op, activation, {}), &out, input_bias);
   return {std::get<1>(r), std::get<2>(r)};
 }
 

@@ -48,6 +48,24 @@ def check_modulation(op, input, scale, shift):
     return up
 
 
+def check_input_bias(op, input, input_bias):
+    """input_bias: None or (C,) of input's dtype or float32 on input's device (as the CUDA op checks it)."""
+    if input_bias is None:
+        return
+    C = input.shape[1]
+    _check(input_bias.dim() == 1 and input_bias.shape[0] == C,
+           lambda: f"{op}: input_bias.shape={list(input_bias.shape)} must be (C,) = ({C})")
+    _check(input_bias.dtype in (input.dtype, torch.float32),
+           lambda: f"{op}: input_bias dtype must match input ({_dt(input)}) or be float32, got {_dt(input_bias)}")
+    _check(input_bias.device == input.device,
+           lambda: f"{op}: input_bias is on {input_bias.device} but input is on {input.device}")
+
+
+def _channel(b, input):
+    """b (C,) viewed to broadcast over input (N, C, *)."""
+    return b.view((1, -1) + (1,) * (input.dim() - 2))
+
+
 def upsample(t, input):
     """t at input's size by nearest neighbour (F.interpolate(mode="nearest")); t itself where the sizes match."""
     return t if t.shape == input.shape else F.interpolate(t, size=input.shape[2:], mode="nearest")
@@ -62,21 +80,28 @@ def downsample_grad(g, t):
 
 
 @torch.library.register_fake("gnext::group_norm_act_modulate")
-def _modulate_fake(input, num_groups, weight, bias, eps, scale, shift, activation):
+def _modulate_fake(input, num_groups, weight, bias, eps, scale, shift, activation, input_bias=None):
     op = "gnext.group_norm_act_modulate"
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_modulation(op, input, scale, shift)
+    check_input_bias(op, input, input_bias)
     N, G = input.shape[0], num_groups
     return (input.new_empty(input.shape), input.new_empty((N, G), dtype=torch.float32),
             input.new_empty((N, G), dtype=torch.float32))
 
 
-def group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation):
+def group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation, input_bias=None):
     op = "gnext.group_norm_act_modulate"
     act = parse_activation(op, activation)
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_modulation(op, input, scale, shift)
-    n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
+    check_input_bias(op, input, input_bias)
+    if input_bias is not None:  # x + b in float32, as the CUDA kernels add it
+        x = input.float() + _channel(input_bias.float(), input)
+        w, b = (None if t is None else t.float() for t in (weight, bias))
+        n, mean, rstd = _group_norm(op, x, num_groups, w, b, eps)
+    else:
+        n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
     scale, shift = upsample(scale, input), upsample(shift, input)
     out = apply_act(torch.addcmul(shift.float(), n.float(), scale.float()), act)
     return out.to(input.dtype).contiguous(), mean, rstd
@@ -101,29 +126,34 @@ def check_rows_out(op, out, input):
 
 
 @torch.library.register_fake("gnext::group_norm_act_modulate_into")
-def _modulate_into_fake(input, num_groups, weight, bias, eps, scale, shift, activation, out):
+def _modulate_into_fake(input, num_groups, weight, bias, eps, scale, shift, activation, out, input_bias=None):
     op = "gnext.group_norm_act_modulate_into"
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_modulation(op, input, scale, shift)
+    check_input_bias(op, input, input_bias)
     check_rows_out(op, out, input)
     N = input.shape[0]
     return (input.new_empty((N, num_groups), dtype=torch.float32),
             input.new_empty((N, num_groups), dtype=torch.float32))
 
 
-def group_norm_act_modulate_into(input, num_groups, weight, bias, eps, scale, shift, activation, out):
+def group_norm_act_modulate_into(input, num_groups, weight, bias, eps, scale, shift, activation, out,
+                                 input_bias=None):
     op = "gnext.group_norm_act_modulate_into"
     check_rows_out(op, out, input)
-    y, mean, rstd = group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation)
+    y, mean, rstd = group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation,
+                                            input_bias)
     out.copy_(y)
     return mean, rstd
 
 
-# group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation) -> (out, mean, rstd)
+# group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation, input_bias)
+#     -> (out, mean, rstd)
 def _modulate_save(ctx, inputs, output):
-    input, num_groups, weight, bias, _, scale, shift, activation = inputs
+    input, num_groups, weight, bias, _, scale, shift, activation = inputs[:8]
+    input_bias = inputs[8] if len(inputs) > 8 else None
     _, mean, rstd = output
-    ctx.save_for_backward(input, weight, bias, scale, shift, mean, rstd)
+    ctx.save_for_backward(input, weight, bias, scale, shift, mean, rstd, input_bias)
     ctx.num_groups, ctx.activation = num_groups, activation
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
@@ -131,10 +161,13 @@ def _modulate_save(ctx, inputs, output):
 def _modulate_grads(ctx, need, grad_out):
     """In the input's dtype, as eager autograd computes the same chain: float32 copies of these full-size tensors
     were 3x slower (docs/decisions/modulated-output.md)."""
-    input, weight, bias, scale, shift, mean, rstd = ctx.saved_tensors
-    none = (None,) * 8
+    input, weight, bias, scale, shift, mean, rstd, input_bias = ctx.saved_tensors
+    none = (None,) * 9
     if grad_out is None or not any(need):
         return none
+    if input_bias is not None:  # GroupNorm of x + b: its backward in terms of x + b (input's dtype, as eager's)
+        input = input + _channel(input_bias.to(input.dtype), input)
+    need_b = len(need) > 8 and need[8]
     # n = GroupNorm(x) (with its affine), recomputed from mean/rstd.
     n = _call_backward(torch.ops.gnext.group_norm_act_apply.default, input, mean, rstd, ctx.num_groups, weight, bias,
                        "identity", None)
@@ -145,12 +178,15 @@ def _modulate_grads(ctx, need, grad_out):
         g = act_backward(g.contiguous(), torch.addcmul(shift, n, scale), ctx.activation)
     dscale = downsample_grad(g * n, small_scale) if need[5] else None
     dshift = downsample_grad(g, small_shift) if need[6] else None
-    mask = [need[0], need[2], need[3]]
+    mask = [need[0] or need_b, need[2], need[3]]
     dx = dw = db = None
     if any(mask):
         dx, dw, db = _call_backward(torch.ops.gnext.group_norm_backward.default, g * scale, input, mean, rstd, weight,
                                     ctx.num_groups, mask)
-    return dx, None, dw, _cast(db, ctx.bias_dtype), None, dscale, dshift, None
+    dib = None
+    if need_b:  # d(x + b)/db: dx summed over everything but the channel
+        dib = dx.sum(dim=[d for d in range(dx.dim()) if d != 1], dtype=torch.float32).to(input_bias.dtype)
+    return (dx if need[0] else None), None, dw, _cast(db, ctx.bias_dtype), None, dscale, dshift, None, dib
 
 
 _cpu.register(group_norm_act_modulate, group_norm_act_modulate_into)
