@@ -222,7 +222,8 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
         _fuse_traced_pairs(module, tuple(example_inputs), counts, pad_into_conv)
     module = _convert(module, counts, act=True, blocks=blocks, into_conv=pad_into_conv)
     _report("convert_group_norm_act", module, counts)
-    if counts["group_norm_act"] == counts["pad_into_conv"] == 0 and counts["group_norm"] > 0 and example_inputs is None and any(
+    fused_act = counts["group_norm_act"] + counts["pad_into_conv"]
+    if fused_act == 0 and counts["group_norm"] > 0 and example_inputs is None and any(
             _activation_name(m) is not None or isinstance(m, _ActivationGate) for m in module.modules()):
         warnings.warn(f"gnext convert_group_norm_act: {counts['group_norm']} GroupNorm(s) converted, none fused with "
                       "an activation: the model's blocks have no rule here; pass example_inputs=(...) to find the "
@@ -594,9 +595,10 @@ def _fuse_spatial_norm(module: nn.Module, counts: dict) -> None:
 # The fused block writes each norm's activated output straight into that buffer after the k cached frames
 # (group_norm_act_modulate(..., out=)), then copies the k frames before it: the concatenation's full copy of the
 # tensor and the unconcatenated output are not made; conv1's bias goes to norm2, which adds it as it reads
-# (input_bias), instead of PyTorch's broadcast pass over conv1's output. Installed only where both forwards are diffusers' own (source
-# checked against 0.35.1) and the norms are spatial norms, the activation SiLU and the convolutions causal with
-# cached frames; it runs where no gradient is needed (inference; else the block's own forward).
+# (input_bias), instead of PyTorch's broadcast pass over conv1's output. Installed only where both forwards are
+# diffusers' own (source checked against 0.35.1) and the norms are spatial norms, the activation SiLU and the
+# convolutions causal with cached frames; it runs where no gradient is needed (inference; else the block's own
+# forward).
 _COG_RESNET3D = (
     'hidden_states, new_conv_cache["norm1"] = self.norm1(hidden_states, zq, conv_cache=conv_cache.get("norm1"))',
     'hidden_states = self.nonlinearity(hidden_states)\n'
@@ -620,7 +622,8 @@ def _cat_causal_conv(m: nn.Module) -> bool:
     return (cls.__name__ == "CogVideoXCausalConv3d" and cls.__module__.startswith("diffusers.")
             and getattr(m, "pad_mode", "replicate") != "replicate" and getattr(m, "time_kernel_size", 1) > 1
             and isinstance(getattr(m, "conv", None), nn.Conv3d) and "forward" not in m.__dict__
-            and _source_has(cls, _COG_CAUSAL_FWD) and _source_has(cls, _COG_CAUSAL_CAT, "fake_context_parallel_forward"))
+            and _source_has(cls, _COG_CAUSAL_FWD)
+            and _source_has(cls, _COG_CAUSAL_CAT, "fake_context_parallel_forward"))
 
 
 def _is_silu(m) -> bool:
