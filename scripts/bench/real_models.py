@@ -18,14 +18,17 @@ training steps. Rows (random weights, real image input from skimage.data.astrona
                                 512x512 (the converter traces it with example_inputs: its blocks have no rule)
   cogvideox-fp16                diffusers AutoencoderKLCogVideoX decode (default layout; its GroupNorms feed a
                                 spatial modulation, then a SiLU: the converter traces it and runs both in
-                                group_norm_act_modulate), fp16, 1x16x5x64x64 random latents -> 17 frames of
+                                group_norm_act_modulate, written into the causal convolutions' inputs by its
+                                blocks' rule), fp16, 1x16x5x64x64 random latents -> 17 frames of
                                 512x512, through vae.decode (frame batches with its conv cache)
 
 Variants: original eager; gnext eager (groupnorm_ext.convert_group_norm_act, which also fuses diffusers'
 ResnetBlock2D pairs); gnext-aten: the original model, unedited, with groupnorm_ext.enable_aten_kernels() on
 while it runs (PyTorch's GroupNorm and C++ autograd on gnext's kernels); torch.compile(original);
 torch.compile(original) with groupnorm_ext.enable_compile_fusion() active while it compiles
-(--variants: a subset, e.g. eager,gnext,gnext-aten without the compiles). Timing: wall time (host + GPU) of a
+(--variants: a subset, e.g. eager,gnext,gnext-aten without the compiles). Named only: gnext-nopad, the converter
+with pad_into_conv=False (no padded outputs, and CogVideoX's blocks on their own forward); gnext-nomod, the
+converter with CogVideoX's spatial norms and blocks back on their own forwards. Timing: wall time (host + GPU) of a
 batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
