@@ -335,6 +335,21 @@ def test_cogvideox_blocks_with_gradients(device, no_tf32):
         torch.testing.assert_close(p.grad, q.grad, rtol=2e-3, atol=2e-4, msg=name)
 
 
+def test_converted_cogvideox_decoder_compiles_without_breaks():
+    """The converted decoder (modulated norms at the latents' resolution, blocks writing into their convolutions'
+    inputs with out=, conv1's bias in norm2) under torch.compile(fullgraph=True) at inference: one graph, the
+    converted eager decoder's values (aot_eager, CPU)."""
+    vae = _cogvideox_decoder("cpu")
+    z = torch.randn(1, 4, 3, 8, 8)
+    _, counts = ge.convert_group_norm_act(vae.decoder, return_counts=True)
+    assert counts["pad_into_conv"] > 0, counts
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want, _ = vae.decoder(z)
+        got, _ = torch.compile(vae.decoder, fullgraph=True, backend="aot_eager")(z)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_spatial_norm_of_another_source_is_left_alone():
     """A CogVideoXSpatialNorm3D whose class forward differs from the source gnext checked keeps its forward and
     warns (here: a subclass in diffusers' module namespace with its own forward)."""
