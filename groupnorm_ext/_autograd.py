@@ -140,29 +140,18 @@ class _NotDifferentiable(torch.autograd.Function):
         raise RuntimeError(f"derivative for gnext::{ctx.name} is not implemented")
 
 
-def register_not_differentiable(op_name):
+def register_not_differentiable(op_name, now: str | None = None):
     """An Autograd kernel for gnext::<op_name> whose outputs' backward raises (ops whose gradient is another
-    op's business: the backward ops, the pieces of the split GroupNorm)."""
+    op's business: the backward ops, the pieces of the split GroupNorm). now: raise at once where a gradient would
+    be needed, saying this (ops that write into a given tensor, whose writes autograd does not record)."""
     op = getattr(torch.ops.gnext, op_name).default
     below = torch._C._after_autograd_keyset
 
     def kernel(keyset, *args):
         if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            if now is not None:
+                raise RuntimeError(f"gnext.{op_name} is not differentiable: {now}")
             return _NotDifferentiable.apply(op_name, *args)  # backward with create_graph=True
-        return op.redispatch(keyset & below, *args)
-
-    _lib.impl(op_name, kernel, "Autograd", with_keyset=True)
-
-
-def register_no_grad(op_name, why):
-    """An Autograd kernel for gnext::<op_name> that raises where a gradient would be needed (ops that write into
-    a given tensor, whose writes autograd does not record): `why` says what to call instead."""
-    op = getattr(torch.ops.gnext, op_name).default
-    below = torch._C._after_autograd_keyset
-
-    def kernel(keyset, *args):
-        if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args):
-            raise RuntimeError(f"gnext.{op_name} is not differentiable: {why}")
         return op.redispatch(keyset & below, *args)
 
     _lib.impl(op_name, kernel, "Autograd", with_keyset=True)

@@ -111,16 +111,22 @@ def parse_activation(op, activation):
     return activation
 
 
+def check_input_bias(op, input, input_bias):
+    """input_bias (a per-channel bias that input does not hold yet): None, or (C,) of input's dtype or float32 on
+    input's device."""
+    if input_bias is None:
+        return
+    b, C = input_bias, input.shape[1]
+    _check(b.dim() == 1 and b.shape[0] == C,
+           lambda: f"{op}: input_bias must have shape (C,) = ({C}), got input_bias.shape={_shape(b)}")
+    _check(b.device == input.device, lambda: f"{op}: input_bias is on {b.device} but input is on {input.device}")
+    _check(b.dtype == input.dtype or b.dtype == torch.float32,
+           lambda: f"{op}: input_bias dtype must match input ({_dt(input)}) or be float32, got {_dt(b)}")
+
+
 def check_lse_args(op, input, input_bias, num_groups, weight, bias):
     s = check_group_norm_args(op, input, num_groups, weight, bias)
-    C = s[1]
-    if input_bias is not None:
-        b = input_bias
-        _check(b.dim() == 1 and b.shape[0] == C,
-               lambda: f"{op}: input_bias must have shape (C,) = ({C}), got input_bias.shape={_shape(b)}")
-        _check(b.device == input.device, lambda: f"{op}: input_bias is on {b.device} but input is on {input.device}")
-        _check(b.dtype == input.dtype or b.dtype == torch.float32,
-               lambda: f"{op}: input_bias dtype must match input ({_dt(input)}) or be float32, got {_dt(b)}")
+    check_input_bias(op, input, input_bias)
     return s
 
 

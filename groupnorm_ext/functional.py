@@ -263,9 +263,9 @@ def group_norm_act_modulate(
     if input.dtype == torch.float64:  # ATen's ops, as group_norm
         act = _cpu.parse_activation("gnext.group_norm_act_modulate", activation)
         _modulate_op.check_modulation("gnext.group_norm_act_modulate", input, scale, shift)
-        _modulate_op.check_input_bias("gnext.group_norm_act_modulate", input, input_bias)
+        _cpu.check_input_bias("gnext.group_norm_act_modulate", input, input_bias)
         if input_bias is not None:
-            input = input + input_bias.view((1, -1) + (1,) * (input.dim() - 2))
+            input = input + _modulate_op._channel(input_bias, input)
         n = torch.nn.functional.group_norm(input, num_groups, weight, bias, eps)
         scale, shift = _modulate_op.upsample(scale, input), _modulate_op.upsample(shift, input)
         y = _cpu.apply_act(torch.addcmul(shift, n, scale), act).contiguous()

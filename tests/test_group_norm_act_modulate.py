@@ -240,7 +240,7 @@ def test_errors(device):
         ge.group_norm_act_modulate(x[..., 0], 4, x[:, :, :2, 0], x[:, :, :2, 0])  # 3-D: no upsampling
     with pytest.raises(RuntimeError, match=r"shift.shape=\[1, 8, 3, 4\] must equal scale.shape=\[1, 8, 3, 2\]"):
         ge.group_norm_act_modulate(x, 4, small, x)
-    with pytest.raises(RuntimeError, match=r"input_bias.shape=\[4\] must be \(C,\) = \(8\)"):
+    with pytest.raises(RuntimeError, match=r"input_bias must have shape \(C,\) = \(8\), got input_bias.shape=\[4\]"):
         ge.group_norm_act_modulate(x, 4, x, x, input_bias=torch.zeros(4, device=device))
     with pytest.raises(RuntimeError, match=r"input_bias dtype must match input \(Float\) or be float32, got Half"):
         ge.group_norm_act_modulate(x, 4, x, x, input_bias=torch.zeros(8, device=device, dtype=torch.half))

@@ -155,14 +155,32 @@ struct Pointwise {
   OptTensor gn_bias;   // backward with an activation: GroupNorm's beta, to recompute act's input
 };
 
-// t (the residual, a modulation's scale or shift) must have input's shape, dtype and device.
-inline void check_like_input(const char* op, const char* name, const Tensor& t, const Tensor& input) {
-  GNEXT_CHECK(same_shape(t.sizes(), input.sizes()), op, ": ", name, ".shape=", shape(t), " must equal input.shape=",
-              shape(input));
+// t must have input's dtype and device.
+inline void check_dtype_device_like_input(const char* op, const char* name, const Tensor& t, const Tensor& input) {
   GNEXT_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " dtype (", t.scalar_type(),
               ") must equal input dtype (", input.scalar_type(), ")");
   GNEXT_CHECK(same_device(t, input), op, ": ", name, " is on ", device_name(t), " but input is on ",
               device_name(input));
+}
+
+// t (the residual, a modulation's scale or shift) must have input's shape, dtype and device.
+inline void check_like_input(const char* op, const char* name, const Tensor& t, const Tensor& input) {
+  GNEXT_CHECK(same_shape(t.sizes(), input.sizes()), op, ": ", name, ".shape=", shape(t), " must equal input.shape=",
+              shape(input));
+  check_dtype_device_like_input(op, name, t, input);
+}
+
+// input_bias (a per-channel bias that input does not hold yet: group_norm_act_logsumexp's, the modulated norm's):
+// None, or (C,) of input's dtype or float32 on input's device.
+inline void check_input_bias(const char* op, const Tensor& input, const OptTensor& input_bias) {
+  if (!defined(input_bias)) return;
+  const Tensor& b = *input_bias;
+  GNEXT_CHECK(b.dim() == 1 && b.size(0) == input.size(1), op, ": input_bias must have shape (C,) = (", input.size(1),
+              "), got input_bias.shape=", shape(b));
+  GNEXT_CHECK(same_device(b, input), op, ": input_bias is on ", device_name(b), " but input is on ",
+              device_name(input));
+  GNEXT_CHECK(b.scalar_type() == input.scalar_type() || b.scalar_type() == ScalarType::Float, op,
+              ": input_bias dtype must match input (", input.scalar_type(), ") or be float32, got ", b.scalar_type());
 }
 
 // A modulation's scale or shift: input's dtype and device, and input's shape, or (4-D and 5-D inputs) input's shape
@@ -182,21 +200,14 @@ inline bool check_modulation(const char* op, const char* name, const Tensor& t, 
   for (int64_t i = 2; i < d; ++i) plane *= input.size(i);
   GNEXT_CHECK(!up || plane < (int64_t{1} << 31) - 4096, op, ": ", name,
               " smaller than input needs input's per-channel plane below 2^31 elements, got ", shape(input));
-  GNEXT_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " dtype (", t.scalar_type(),
-              ") must equal input dtype (", input.scalar_type(), ")");
-  GNEXT_CHECK(same_device(t, input), op, ": ", name, " is on ", device_name(t), " but input is on ",
-              device_name(input));
+  check_dtype_device_like_input(op, name, t, input);
   return up;
 }
 
 // The output of group_norm_act_modulate_into: input's shape, dtype and device, each (n, c) plane contiguous (dims 2..
 // packed) and no two planes overlapping (e.g. a slice along dim 2 of a contiguous buffer).
 inline void check_rows_out(const char* op, const Tensor& out, const Tensor& input) {
-  GNEXT_CHECK(same_shape(out.sizes(), input.sizes()), op, ": out.shape=", shape(out), " must equal input.shape=",
-              shape(input));
-  GNEXT_CHECK(out.scalar_type() == input.scalar_type(), op, ": out dtype (", out.scalar_type(),
-              ") must equal input dtype (", input.scalar_type(), ")");
-  GNEXT_CHECK(same_device(out, input), op, ": out is on ", device_name(out), " but input is on ", device_name(input));
+  check_like_input(op, "out", out, input);
   int64_t plane = 1;
   bool packed = true;
   for (int64_t i = out.dim() - 1; i >= 2; --i) {

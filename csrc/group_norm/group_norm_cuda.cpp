@@ -499,16 +499,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
                                                                 const Pointwise& pro, const Tensor* into,
                                                                 const OptTensor& input_bias) {
   const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
-  if (defined(input_bias)) {
-    const Tensor& ib = *input_bias;
-    GNEXT_CHECK(ib.dim() == 1 && ib.size(0) == s.C, op, ": input_bias.shape=", shape(ib), " must be (C,) = (", s.C,
-                ")");
-    GNEXT_CHECK(ib.scalar_type() == input.scalar_type() || ib.scalar_type() == ScalarType::Float, op,
-                ": input_bias dtype must match input (", input.scalar_type(), ") or be float32, got ",
-                ib.scalar_type());
-    GNEXT_CHECK(same_device(ib, input), op, ": input_bias is on ", device_name(ib), " but input is on ",
-                device_name(input));
-  }
+  check_input_bias(op, input, input_bias);
   check_pointwise(op, input, pro);
   GNEXT_CHECK(pro.kind == kPreNone && !defined(pro.residual), op, ": a modulated output takes no prologue or residual");
   const bool up = check_modulation(op, "scale", scale, input);

@@ -10,16 +10,7 @@ namespace gnext {
 Problem check_lse_args(const char* op, const Tensor& input, const OptTensor& input_bias, int64_t num_groups,
                        const OptTensor& weight, const OptTensor& bias) {
   const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
-  if (defined(input_bias)) {
-    const Tensor& b = *input_bias;
-    GNEXT_CHECK(b.dim() == 1 && b.size(0) == s.C, op, ": input_bias must have shape (C,) = (", s.C, "), got ",
-                "input_bias.shape=", shape(b));
-    GNEXT_CHECK(same_device(b, input), op, ": input_bias is on ", device_name(b), " but input is on ",
-                device_name(input));
-    GNEXT_CHECK(b.scalar_type() == input.scalar_type() || b.scalar_type() == ScalarType::Float, op,
-                ": input_bias dtype must match input (", input.scalar_type(), ") or be float32, got ",
-                b.scalar_type());
-  }
+  check_input_bias(op, input, input_bias);
   return s;
 }
 

@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""GroupNorm with a spatial modulation, then an activation: out = act(GroupNorm(x) * scale + shift), scale and shift
-tensors of x's shape, or (4-D and 5-D x) of smaller last two sizes, upsampled to x's by nearest neighbour as
-F.interpolate(mode="nearest") does (a spatially conditioned norm: CogVideoX's decoder convolves both from the
-latents, Zhu et al. 2022, "MoVQ"). The op's fake kernel, CPU kernel and autograd; its schema is in csrc/gnext.cpp and its CUDA kernels
-(the statistics pass, then one pass that reads x, scale and shift and writes out) in
-csrc/group_norm/group_norm_modulate.cu. The backward recomputes n = GroupNorm(x) from mean/rstd, takes
-dy' = dy * act'(n * scale + shift), returns dscale = dy' * n and dshift = dy', and runs GroupNorm's backward on
-dy' * scale; smaller scale and shift are upsampled for it, and their gradients summed back over each source element
-(the adjoint of the upsampling, ATen's upsample_nearest backward)."""
+"""GroupNorm with a spatial modulation, then an activation: out = act(GroupNorm(x + input_bias[c]) * scale + shift),
+scale and shift tensors of x's shape, or (4-D and 5-D x) of smaller last two sizes, upsampled to x's by nearest
+neighbour as F.interpolate(mode="nearest") does (a spatially conditioned norm: CogVideoX's decoder convolves both
+from the latents, Zhu et al. 2022, "MoVQ"); group_norm_act_modulate_into writes the same into a given tensor. The
+ops' fake kernels, CPU kernels and autograd; their schemas are in csrc/gnext.cpp and their CUDA kernels (the
+statistics pass, then one pass that reads x, scale and shift and writes out) in csrc/group_norm/group_norm_modulate.cu.
+The backward recomputes n = GroupNorm(x + input_bias) from mean/rstd, takes dy' = dy * act'(n * scale + shift),
+returns dscale = dy' * n and dshift = dy', and runs GroupNorm's backward on dy' * scale (input_bias's gradient: the
+input's, summed per channel); smaller scale and shift are upsampled for it, and their gradients summed back over
+each source element (the adjoint of the upsampling, ATen's upsample_nearest backward)."""
 from __future__ import annotations
 
 import math
@@ -17,8 +18,8 @@ import torch.nn.functional as F
 
 from .. import _autograd, _cpu
 from .._autograd import _call_backward, _cast
-from .._cpu import _check, _check_like_input, _dt, _group_norm, act_backward, apply_act, check_group_norm_args, \
-    parse_activation
+from .._cpu import _check, _check_like_input, _group_norm, act_backward, apply_act, check_group_norm_args, \
+    check_input_bias, check_same_as_input, parse_activation
 
 
 def _check_one(op, name, t, input):
@@ -46,19 +47,6 @@ def check_modulation(op, input, scale, shift):
     _check(_check_one(op, "shift", shift, input) == up and scale.shape == shift.shape,
            lambda: f"{op}: shift.shape={list(shift.shape)} must equal scale.shape={list(scale.shape)}")
     return up
-
-
-def check_input_bias(op, input, input_bias):
-    """input_bias: None or (C,) of input's dtype or float32 on input's device (as the CUDA op checks it)."""
-    if input_bias is None:
-        return
-    C = input.shape[1]
-    _check(input_bias.dim() == 1 and input_bias.shape[0] == C,
-           lambda: f"{op}: input_bias.shape={list(input_bias.shape)} must be (C,) = ({C})")
-    _check(input_bias.dtype in (input.dtype, torch.float32),
-           lambda: f"{op}: input_bias dtype must match input ({_dt(input)}) or be float32, got {_dt(input_bias)}")
-    _check(input_bias.device == input.device,
-           lambda: f"{op}: input_bias is on {input_bias.device} but input is on {input.device}")
 
 
 def _channel(b, input):
@@ -110,10 +98,7 @@ def group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, 
 def check_rows_out(op, out, input):
     """out of group_norm_act_modulate_into: input's shape, dtype and device, each (n, c) plane contiguous and the
     planes apart (as the CUDA op checks it)."""
-    _check(out.shape == input.shape, lambda: f"{op}: out.shape={list(out.shape)} must equal input.shape="
-                                             f"{list(input.shape)}")
-    _check(out.dtype == input.dtype, lambda: f"{op}: out dtype ({_dt(out)}) must equal input dtype ({_dt(input)})")
-    _check(out.device == input.device, lambda: f"{op}: out is on {out.device} but input is on {input.device}")
+    check_same_as_input(op, "out", out, input)
     plane, packed = 1, True
     for i in range(out.dim() - 1, 1, -1):
         packed = packed and (out.shape[i] == 1 or out.stride(i) == plane)
@@ -191,5 +176,6 @@ def _modulate_grads(ctx, need, grad_out):
 
 _cpu.register(group_norm_act_modulate, group_norm_act_modulate_into)
 _autograd.register("group_norm_act_modulate", _modulate_save, _modulate_grads, backward_op=False)
-_autograd.register_no_grad("group_norm_act_modulate_into",
-                           "it writes into out, which autograd does not record; call group_norm_act_modulate")
+_autograd.register_not_differentiable("group_norm_act_modulate_into",
+                                      now="it writes into out, which autograd does not record; call "
+                                          "group_norm_act_modulate")
