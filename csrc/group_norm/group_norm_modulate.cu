@@ -7,6 +7,7 @@
 // written first.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "group_norm_dispatch.cuh"
 #include "group_norm_kernels.cuh"
@@ -124,6 +125,34 @@ __global__ void __launch_bounds__(kModThreads)
   }
 }
 
+// The modulated passes' launch: a 2-D grid, CTAs per row of `plane` elements on x (one trip per thread while the
+// grid stays within ~16 waves of 8 CTAs per SM; longer rows loop) and up to 65535 rows on y, and the dispatch over
+// dtype, output activation and vector width (16-byte vectors where `aligned` and `extent` is a multiple of one).
+// go(T{}, integral_constant<V>, integral_constant<A>, grid) launches the kernel.
+template <typename Go>
+cudaError_t launch_rows(ScalarKind t, int mode, int64_t rows, int64_t plane, bool aligned, int64_t extent,
+                        int sm_count, Go go) {
+  return with_scalar(t, [&](auto tt) {
+    constexpr int VW = 16 / sizeof(decltype(tt));
+    const bool wide = aligned && extent % VW == 0;
+    const int64_t per_cta = int64_t{kModThreads} * kModUnroll * (wide ? VW : 1);
+    const int64_t per_row = (plane + per_cta - 1) / per_cta;
+    const int64_t ys = std::min<int64_t>(rows, 65535);
+    const int64_t cap = std::max<int64_t>(1, int64_t{16} * 8 * sm_count / ys);
+    const dim3 grid(static_cast<unsigned>(std::min(per_row, cap)), static_cast<unsigned>(ys));
+    return with_pw(mode, [&](auto pp) -> cudaError_t {
+      constexpr int P = decltype(pp)::value;
+      if constexpr (pw_pre(P) != kPreNone) {
+        return cudaErrorInvalidValue;
+      } else {
+        using Act = std::integral_constant<int, pw_act(P)>;
+        return wide ? go(tt, std::integral_constant<int, VW>{}, Act{}, grid)
+                    : go(tt, std::integral_constant<int, 1>{}, Act{}, grid);
+      }
+    });
+  });
+}
+
 }  // namespace
 
 cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const void* x, const void* scale,
@@ -133,33 +162,15 @@ cudaError_t launch_affine_modulate_up(ScalarKind t, const ModShape& m, const voi
   if (pw_pre(pw.mode) != kPreNone || pw.residual != nullptr || m.h <= 0 || m.w <= 0 ||
       m.D * m.H * m.W > int64_t{INT32_MAX} - 4096)
     return cudaErrorInvalidValue;
-  return with_scalar(t, [&](auto tt) {
-    using T = decltype(tt);
-    constexpr int VW = 16 / sizeof(T);
-    // Only x and out are read and written in vectors; the gathers are per element.
-    const bool wide = aligned && m.W % VW == 0;
-    const int V = wide ? VW : 1;
-    const int64_t plane = m.D * m.H * m.W;
-    const int64_t per_row =
-        (plane + int64_t{kModThreads} * kModUnroll * V - 1) / (int64_t{kModThreads} * kModUnroll * V);
-    const int64_t ys = std::min<int64_t>(m.rows, 65535);
-    const int64_t cap = std::max<int64_t>(1, int64_t{16} * 8 * sm_count / ys);
-    const dim3 grid(static_cast<unsigned>(std::min(per_row, cap)), static_cast<unsigned>(ys));
-    return with_pw(pw.mode, [&](auto pp) -> cudaError_t {
-      constexpr int P = decltype(pp)::value;
-      if constexpr (pw_pre(P) != kPreNone) {
-        return cudaErrorInvalidValue;
-      } else {
-        constexpr int A = pw_act(P);
-        auto go = [&](auto kernel) {
-          return launch_dependent(kernel, grid, dim3(kModThreads), 0, stream, static_cast<const T*>(x),
-                                  static_cast<const T*>(scale), static_cast<const T*>(shift), static_cast<T*>(out),
-                                  reinterpret_cast<const float4*>(coef), m, o);
-        };
-        return wide ? go(affine_modulate_up_kernel<T, VW, A>) : go(affine_modulate_up_kernel<T, 1, A>);
-      }
-    });
-  });
+  // Only x and out are read and written in vectors (along W); the gathers are per element or per vector.
+  return launch_rows(t, pw.mode, m.rows, m.D * m.H * m.W, aligned, m.W, sm_count,
+                     [&](auto tt, auto v, auto a, dim3 grid) {
+                       using T = decltype(tt);
+                       return launch_dependent(affine_modulate_up_kernel<T, decltype(v)::value, decltype(a)::value>,
+                                               grid, dim3(kModThreads), 0, stream, static_cast<const T*>(x),
+                                               static_cast<const T*>(scale), static_cast<const T*>(shift),
+                                               static_cast<T*>(out), reinterpret_cast<const float4*>(coef), m, o);
+                     });
 }
 
 cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, const void* x, const void* scale,
@@ -167,30 +178,12 @@ cudaError_t launch_affine_modulate(ScalarKind t, int64_t rows, int64_t HxW, cons
                                    const PwArgs& pw, int sm_count, cudaStream_t stream) {
   if (rows <= 0 || HxW <= 0) return cudaSuccess;
   if (pw_pre(pw.mode) != kPreNone || pw.residual != nullptr) return cudaErrorInvalidValue;
-  return with_scalar(t, [&](auto tt) {
+  return launch_rows(t, pw.mode, rows, HxW, aligned, HxW, sm_count, [&](auto tt, auto v, auto a, dim3 grid) {
     using T = decltype(tt);
-    constexpr int VW = 16 / sizeof(T);
-    const bool wide = aligned && HxW % VW == 0;
-    const int V = wide ? VW : 1;
-    // One trip per thread while the grid stays within ~16 waves of 8 CTAs per SM; longer rows loop.
-    const int64_t per_row = (HxW + int64_t{kModThreads} * kModUnroll * V - 1) / (int64_t{kModThreads} * kModUnroll * V);
-    const int64_t ys = std::min<int64_t>(rows, 65535);
-    const int64_t cap = std::max<int64_t>(1, int64_t{16} * 8 * sm_count / ys);
-    const dim3 grid(static_cast<unsigned>(std::min(per_row, cap)), static_cast<unsigned>(ys));
-    return with_pw(pw.mode, [&](auto pp) -> cudaError_t {
-      constexpr int P = decltype(pp)::value;
-      if constexpr (pw_pre(P) != kPreNone) {
-        return cudaErrorInvalidValue;
-      } else {
-        constexpr int A = pw_act(P);
-        auto go = [&](auto kernel) {
-          return launch_dependent(kernel, grid, dim3(kModThreads), 0, stream, static_cast<const T*>(x),
-                                  static_cast<const T*>(scale), static_cast<const T*>(shift), static_cast<T*>(out),
-                                  reinterpret_cast<const float4*>(coef), rows, HxW, o);
-        };
-        return wide ? go(affine_modulate_kernel<T, VW, A>) : go(affine_modulate_kernel<T, 1, A>);
-      }
-    });
+    return launch_dependent(affine_modulate_kernel<T, decltype(v)::value, decltype(a)::value>, grid,
+                            dim3(kModThreads), 0, stream, static_cast<const T*>(x), static_cast<const T*>(scale),
+                            static_cast<const T*>(shift), static_cast<T*>(out), reinterpret_cast<const float4*>(coef),
+                            rows, HxW, o);
   });
 }
 
