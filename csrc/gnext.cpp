@@ -30,12 +30,13 @@ STABLE_TORCH_LIBRARY(gnext, m) {
   m.def(
       "group_norm_act(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation,"
       " Tensor? residual) -> (Tensor out, Tensor mean, Tensor rstd)");
-  // out = F.pad(act(GroupNorm(input)), pad, mode, value), the padded tensor written in one pass after the
-  // statistics (the input of a convolution that pads by itself, e.g. a causal 3-D one); mode "replicate" or
-  // "constant"; pad as F.pad takes it (the last spatial dim first). Contiguous out; mean/rstd (N, G) float32.
+  // out = F.pad(act(GroupNorm(input + input_bias[c])), pad, mode, value), the padded tensor written in one pass after
+  // the statistics (the input of a convolution that pads by itself, e.g. a causal 3-D one); mode "replicate" or
+  // "constant"; pad as F.pad takes it (the last spatial dim first); input_bias (C,) or None (the bias of the
+  // convolution that wrote input). Contiguous out; mean/rstd (N, G) float32, of input + input_bias.
   m.def(
       "group_norm_act_pad(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation,"
-      " int[] pad, str mode, float value) -> (Tensor out, Tensor mean, Tensor rstd)");
+      " int[] pad, str mode, float value, Tensor? input_bias=None) -> (Tensor out, Tensor mean, Tensor rstd)");
   // Its backward (the residual's gradient is grad_out itself). output_mask: (input, weight, bias).
   m.def(
       "group_norm_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"

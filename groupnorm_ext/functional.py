@@ -165,9 +165,10 @@ def group_norm_act_pad(
     pad: Sequence[int] = (1, 1, 1, 1),
     mode: str = "replicate",
     value: float = 0.0,
+    input_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    r"""``F.pad(act(group_norm(input)), pad, mode, value)`` in one op: the padded input of a convolution that
-    pads by itself, such as the causal 3-D convolutions of video VAEs (HunyuanVideo pads
+    r"""``F.pad(act(group_norm(input + input_bias[c])), pad, mode, value)`` in one op: the padded input of a
+    convolution that pads by itself, such as the causal 3-D convolutions of video VAEs (HunyuanVideo pads
     ``(1, 1, 1, 1, 2, 0)`` by replication before each ``conv3d``).
 
     GroupNorm as :func:`group_norm` (Wu & He 2018), the activation as :func:`group_norm_act`. On CUDA
@@ -184,6 +185,9 @@ def group_norm_act_pad(
             first, 2 to 2 x (spatial dims) values, each >= 0, in elements.
         mode: ``"replicate"`` or ``"constant"``.
         value: the constant mode's fill value (after the activation; it is not normalized).
+        input_bias: ``(C,)`` tensor of ``input``'s dtype or float32, or None: the op normalizes
+            ``input + input_bias[c]`` (the bias of the convolution that wrote ``input``, run without it),
+            read as ``input`` is; ``mean``/``rstd`` are those of the sum (float32 addition).
 
     Returns:
         Contiguous tensor of ``input``'s dtype: ``input``'s shape with each padded dim grown by its two
@@ -191,18 +195,22 @@ def group_norm_act_pad(
 
     Raises:
         RuntimeError: as :func:`group_norm_act`; ``mode`` not one of the two; ``pad`` of odd length, empty,
-            longer than 2 x (spatial dims) or with negative values; replicate padding of an empty dim.
+            longer than 2 x (spatial dims) or with negative values; replicate padding of an empty dim;
+            ``input_bias`` of another shape, dtype or device.
 
-    Differentiable in input, weight and bias (the padding's gradient is folded onto the elements it
-    copied); traceable by ``torch.compile(fullgraph=True)``.
+    Differentiable in input, weight, bias and input_bias (the padding's gradient is folded onto the elements
+    it copied); traceable by ``torch.compile(fullgraph=True)``.
     """
     pad = [int(p) for p in pad]
     if input.dtype == torch.float64:  # ATen's ops, as group_norm
         act = _cpu.parse_activation("gnext.group_norm_act_pad", activation)
         _pad_op.check_pad_args("gnext.group_norm_act_pad", input, pad, mode)
+        _cpu.check_input_bias("gnext.group_norm_act_pad", input, input_bias)
+        if input_bias is not None:
+            input = input + _pad_op._channel(input_bias, input)
         out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
         return _pad_op.pad_output(out, pad, mode, value)
-    return _group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value)
+    return _group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value, input_bias)
 
 
 def group_norm_act_modulate(

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""group_norm_act_pad: F.pad(act(GroupNorm(x)), pad, mode, value) against a float64 reference (the GroupNorm of
-conftest.reference, PyTorch's activations and F.pad), forward and backward, on odd sizes, every layout, both modes;
-its argument errors; and the converter's padded form on a causal 3-D block and diffusers' HunyuanVideo decoder."""
+"""group_norm_act_pad: F.pad(act(GroupNorm(x + input_bias[c])), pad, mode, value) against a float64 reference (the
+GroupNorm of conftest.reference, PyTorch's activations and F.pad), forward and backward, on odd sizes, every layout,
+both modes, with and without input_bias; its argument errors; and the converter's padded form (with the bias of the
+convolution before a padded norm added by that norm) on a causal 3-D block and diffusers' HunyuanVideo decoder."""
 from __future__ import annotations
 
 import copy
@@ -33,19 +34,24 @@ def _ref_pad(y, pad, mode, value):
 
 
 def _check(device, dtype, shape, G, act, pad, mode, value=0.0, layout="contiguous", affine=True, seed=0,
-           offset=2.0, backward=True, fwd_tol=FWD_TOL, bwd_tol=BWD_TOL):
+           offset=2.0, backward=True, fwd_tol=FWD_TOL, bwd_tol=BWD_TOL, input_bias=None):
+    """input_bias: None, or the dtype of a per-channel bias (mean 0, std 3) that the op adds to x."""
     gen = torch.Generator().manual_seed(seed)
     x = layout_input(shape, dtype, device, layout, 3.0, offset, gen)
     C = shape[1]
     w = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5 + 1).to(device) if affine else None
     b = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(device) if affine else None
-    n_ref, _, _ = reference(x, G, w, b, 1e-5)
+    ib = (torch.randn(C, generator=gen, dtype=torch.float64) * 3).to(input_bias).to(device) if input_bias else None
+    view = (1, C) + (1,) * (len(shape) - 2)
+    xb = x if ib is None else x.double() + ib.double().view(view)
+    n_ref, _, _ = reference(xb, G, w, b, 1e-5)
     ref = _ref_pad(act_ref(n_ref, act), pad, mode, value)
     poison(device, ref.numel() * 4)
     xr = x.detach().requires_grad_(backward)
     wr = w.to(dtype).requires_grad_(backward) if affine else None
     br = b.to(dtype).requires_grad_(backward) if affine else None
-    out = ge.group_norm_act_pad(xr, G, wr, br, 1e-5, act, pad, mode, value)
+    ibr = ib.detach().clone().requires_grad_(backward) if input_bias else None
+    out = ge.group_norm_act_pad(xr, G, wr, br, 1e-5, act, pad, mode, value, input_bias=ibr)
     assert out.dtype == dtype and out.is_contiguous()
     assert_close_to_ref(out.detach(), ref, dtype, fwd_tol)
     if not backward:
@@ -56,8 +62,13 @@ def _check(device, dtype, shape, G, act, pad, mode, value=0.0, layout="contiguou
     xd = x.detach().double().requires_grad_()
     wd = w.detach().clone().requires_grad_() if affine else None
     bd = b.detach().clone().requires_grad_() if affine else None
-    _ref_pad(act_ref(gn_decomposed(xd, G, wd, bd), act), pad, mode, value).backward(dy)
+    ibd = ib.detach().double().requires_grad_() if input_bias else None
+    xbd = xd if ibd is None else xd + ibd.view(view)
+    _ref_pad(act_ref(gn_decomposed(xbd, G, wd, bd), act), pad, mode, value).backward(dy)
     assert_close_to_ref(xr.grad, xd.grad, dtype, bwd_tol)
+    if input_bias:  # the input's gradient summed per channel: as accurate as the input's
+        assert ibr.grad.dtype == input_bias
+        assert_close_to_ref(ibr.grad, ibd.grad, dtype, bwd_tol)
     if affine:
         assert_close_to_ref(wr.grad, wd.grad, dtype, bwd_tol)
         assert_close_to_ref(br.grad, bd.grad, dtype, bwd_tol)
@@ -92,6 +103,24 @@ def test_layouts(device, layout):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("mode", ["replicate", "constant"])
+@pytest.mark.parametrize("bias_dtype", ["input", "float32"])
+def test_input_bias(device, dtype, mode, bias_dtype):
+    """GroupNorm of x + input_bias[c] (a convolution's bias not yet added): forward and every gradient; the bias
+    (std 3) moves each channel's mean, so a bias the kernels dropped or added twice fails."""
+    _check(device, dtype, (2, 12, 3, 7, 9), 4, "silu", (1, 1, 1, 1, 2, 0), mode, value=0.5, seed=11,
+           input_bias=dtype if bias_dtype == "input" else torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_input_bias_layouts(device, layout):
+    _check(device, torch.float16, (1, 8, 2, 5, 6), 2, "silu", (1, 1, 1, 1, 2, 0), "replicate", layout=layout,
+           seed=12, input_bias=torch.float16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_no_affine_large_mean(device):
     """Mean 300, std 3: float32 rounds the mean by ulp(300) / 2 = 1.5e-5, 5e-6 of the std, which bounds any
     float32 GroupNorm's output error (test_group_norm.py: test_large_mean_small_variance)."""
@@ -119,9 +148,13 @@ def test_large_planes(dtype, shape, pad):
     ((1, 16, 4, 257), (0, 0, 2, 2)),             # unpadded rows, padded H only
     ((3, 4, 1000), (5, 7)),                      # 3-D: one long row per (n, c)
     ((1, 8, 2, 3, 1100), (1, 1, 1, 1, 2, 0)),    # rows of several trips
+    ((1, 4, 3, 7, 520), (1, 1, 1, 1, 2, 0)),     # an odd number of rows, 2 segments each
 ])
-def test_rows_kernel(dtype, mode, shape, pad):
-    """Rows of >= 256 elements (the row kernel: vector loads and stores around unaligned heads and tails)."""
+@pytest.mark.parametrize("rows_per_warp", [1, 2])
+def test_rows_kernel(dtype, mode, shape, pad, rows_per_warp, tuning):
+    """Rows of >= 256 elements (the row kernel: vector loads and stores around unaligned heads and tails), each warp
+    on 1 or 2 rows at once (GNEXT_PAD_ROWS)."""
+    tuning.set("GNEXT_PAD_ROWS", rows_per_warp)
     _check("cuda", dtype, shape, 4, "silu", pad, mode, value=-0.5 if mode == "constant" else 0.0, seed=13)
 
 
@@ -142,6 +175,20 @@ def test_cuda_graph_and_compile():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    """Schema, fake kernel, autograd registration and AOT dispatch (torch.library.opcheck)."""
+    gen = torch.Generator().manual_seed(13)
+    x = (torch.randn(2, 8, 3, 5, 4, generator=gen) + 1).to(device)
+    w, b = torch.randn(8, generator=gen).to(device), torch.randn(8, generator=gen).to(device)
+    op = torch.ops.gnext.group_norm_act_pad.default
+    torch.library.opcheck(op, (x, 4, w, b, 1e-5, "silu", [1, 1, 1, 1, 2, 0], "replicate", 0.0))
+    torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w.clone().requires_grad_(), None, 1e-5, "gelu",
+                               [2, 1], "constant", 0.5))
+    torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w, b, 1e-5, "silu", [1, 1, 1, 1, 2, 0], "replicate",
+                               0.0, b.clone().requires_grad_()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_batch(device):
     x = torch.randn(0, 8, 3, 4, 5, device=device)
     out = ge.group_norm_act_pad(x, 4, None, None, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
@@ -156,12 +203,16 @@ def test_empty_batch(device):
     (dict(pad=(1, -1)), r"pad values must be in \[0, 2\^20\)"),
     (dict(mode="reflect"), "mode must be 'replicate' or 'constant', got mode='reflect'"),
     (dict(activation="swish"), "activation"),
+    (dict(input_bias=torch.zeros(4)), r"input_bias must have shape \(C,\) = \(8\), got input_bias.shape=\[4\]"),
+    (dict(input_bias=torch.zeros(8, dtype=torch.half)),
+     r"input_bias dtype must match input \(Float\) or be float32, got Half"),
 ])
 def test_errors(device, kwargs, match):
     x = torch.randn(1, 8, 3, 4, 5, device=device)
-    args = dict(pad=(1, 1, 1, 1, 2, 0), mode="replicate", activation="silu") | kwargs
+    args = dict(pad=(1, 1, 1, 1, 2, 0), mode="replicate", activation="silu", input_bias=None) | kwargs
+    ib = args["input_bias"].to(device) if args["input_bias"] is not None else None
     with pytest.raises(RuntimeError, match=match):
-        ge.group_norm_act_pad(x, 4, None, None, 1e-5, args["activation"], args["pad"], args["mode"])
+        ge.group_norm_act_pad(x, 4, None, None, 1e-5, args["activation"], args["pad"], args["mode"], input_bias=ib)
 
 
 @pytest.mark.parametrize("device", DEVICES)

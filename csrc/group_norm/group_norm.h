@@ -257,12 +257,13 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
                                                        const Pointwise& pro, bool out_nchw = false);
 // The same with the output padded as F.pad(out, pad, mode) does (replicate, or constant `value`), in one pass
-// after the statistics; contiguous output, no prologue or residual (group_norm_cuda.cpp).
+// after the statistics, of input + input_bias[c] where given; contiguous output, no prologue or residual
+// (group_norm_cuda.cpp).
 std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const Tensor& input, int64_t num_groups,
                                                            const OptTensor& weight, const OptTensor& bias,
                                                            double eps, const Pointwise& pro,
                                                            const std::vector<int64_t>& pad, bool replicate,
-                                                           double value);
+                                                           double value, const OptTensor& input_bias = {});
 // act(GroupNorm(x) * scale + shift), scale and shift of input's shape and dtype, in one pass after the statistics;
 // contiguous output, no prologue or residual (group_norm_cuda.cpp).
 std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, const Tensor& input,

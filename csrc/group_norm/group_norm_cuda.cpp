@@ -461,8 +461,9 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
                                                            const OptTensor& weight, const OptTensor& bias,
                                                            double eps, const Pointwise& pro,
                                                            const std::vector<int64_t>& pad, bool replicate,
-                                                           double value) {
+                                                           double value, const OptTensor& input_bias) {
   const Problem s = check_group_norm_args(op, input, num_groups, weight, bias);
+  check_input_bias(op, input, input_bias);
   check_pointwise(op, input, pro);
   GNEXT_CHECK(pro.kind == kPreNone && !defined(pro.residual), op, ": a padded output takes no prologue or residual");
   const std::vector<int64_t> sizes = check_pad_args(op, input, pad, replicate);
@@ -475,8 +476,11 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
     if (out.numel() > 0) fill(out, value);
     return {out, mean, rstd};
   }
-  // The statistics pass reads x in its own layout (NCHW or NHWC); the padded pass needs NCHW rows.
-  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro);
+  // The statistics pass reads x in its own layout (NCHW or NHWC); the padded pass needs NCHW rows. An input bias
+  // enters as in group_norm_modulate_cuda_pre: the finalize's shift, x read as it is.
+  const Tensor ib = defined(input_bias) ? contig(to_dtype(*input_bias, ScalarType::Float)) : Tensor();
+  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro,
+                                  defined(input_bias) ? ptr<float>(ib) : nullptr);
   // (NC, D, H, W) of x and out, the spatial dims right-aligned (a 4-D input has D = 1).
   const int64_t sd = input.dim() - 2;
   int64_t in[3] = {1, 1, 1}, op_[3] = {1, 1, 1};
@@ -488,7 +492,8 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
   for (size_t k = 0; k < pad.size() / 2; ++k) lo[2 - k] = static_cast<int>(pad[2 * k]);
   gn::PadShape ps{s.N * s.C, s.C, in[0], in[1], in[2], op_[0], op_[1], op_[2], lo[0], lo[1], lo[2]};
   GNEXT_CUDA_CHECK(gn::launch_affine_pad(ns.t, ps, ns.x.data_ptr(), out.data_ptr(), ns.st.coef, ns.pw, replicate,
-                                       static_cast<float>(value), plan_device().sms, ns.stream));
+                                       static_cast<float>(value), gn::pad_rows_per_warp(gn::tuning()),
+                                       plan_device().sms, ns.stream));
   return {out, mean, rstd};
 }
 

@@ -364,8 +364,10 @@ struct PadShape {
 };
 // out = act(coef.y * (x' - coef.x) + coef.w) at the source element x' of each output element (replicate: the
 // clamped index), `value` where constant padding has none. pw: an output activation only (no prologue, no residual).
+// rows_per_warp: 1 or 2 (pad_rows_per_warp), for rows of at least 256 source elements.
 cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, void* out, const float* coef,
-                              const PwArgs& pw, bool replicate, float value, int sm_count, cudaStream_t stream);
+                              const PwArgs& pw, bool replicate, float value, int rows_per_warp, int sm_count,
+                              cudaStream_t stream);
 // Where the modulated pass writes row (n, c) = (row / C, row % C): at n * sn + c * sc elements (a contiguous out:
 // sn = C * plane, sc = plane; out a slice along dim 2 of a larger buffer: that buffer's strides).
 struct OutRows {

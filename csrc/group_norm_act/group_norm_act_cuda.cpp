@@ -33,12 +33,12 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_act_pad_cuda(const Tensor& input, 
                                                            const OptTensor& weight, const OptTensor& bias, double eps,
                                                            const std::string& activation,
                                                            const std::vector<int64_t>& pad, const std::string& mode,
-                                                           double value) {
+                                                           double value, const OptTensor& input_bias) {
   constexpr const char* op = "gnext.group_norm_act_pad";
   GNEXT_CHECK(mode == "replicate" || mode == "constant", op, ": mode must be 'replicate' or 'constant', got mode='",
               mode, "'");
   return group_norm_pad_cuda_pre(op, input, num_groups, weight, bias, eps, forward_pointwise(op, activation, {}), pad,
-                                 mode == "replicate", value);
+                                 mode == "replicate", value, input_bias);
 }
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_act_modulate_cuda(const Tensor& input, int64_t num_groups,

@@ -1,16 +1,18 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""GroupNorm + activation written into a padded output: out = F.pad(act(GroupNorm(x)), pad, mode, value), the
-input of a convolution that pads by itself (video VAEs' causal 3-D convolutions: replicate padding). The op's fake
-kernel, CPU kernel and autograd; its schema is in csrc/gnext.cpp and its CUDA kernels (the statistics pass, then
-one pass that writes every padded element) in csrc/group_norm/group_norm_pad.cu. The backward folds the padding's
-gradient back onto the elements it copied (replicate) or drops it (constant), then runs group_norm_act_backward."""
+"""GroupNorm + activation written into a padded output: out = F.pad(act(GroupNorm(x + input_bias[c])), pad, mode,
+value), the input of a convolution that pads by itself (video VAEs' causal 3-D convolutions: replicate padding);
+input_bias, where given, is the bias of the convolution that wrote x. The op's fake kernel, CPU kernel and autograd;
+its schema is in csrc/gnext.cpp and its CUDA kernels (the statistics pass, then one pass that writes every padded
+element) in csrc/group_norm/group_norm_pad.cu. The backward folds the padding's gradient back onto the elements it
+copied (replicate) or drops it (constant), then runs group_norm_act_backward on x + input_bias (input_bias's
+gradient: the input's, summed per channel)."""
 from __future__ import annotations
 
 import torch
 
 from .. import _autograd, _cpu
 from .._autograd import _call_backward, _cast
-from .._cpu import _check, _group_norm, apply_act, check_group_norm_args, parse_activation
+from .._cpu import _check, _group_norm, apply_act, check_group_norm_args, check_input_bias, parse_activation
 
 MODES = ("replicate", "constant")
 
@@ -76,40 +78,61 @@ def unpad_grad(grad, pad, mode):
 
 
 @torch.library.register_fake("gnext::group_norm_act_pad")
-def _group_norm_act_pad_fake(input, num_groups, weight, bias, eps, activation, pad, mode, value):
+def _group_norm_act_pad_fake(input, num_groups, weight, bias, eps, activation, pad, mode, value, input_bias=None):
     sizes = check_pad_args("gnext.group_norm_act_pad", input, pad, mode)
+    check_input_bias("gnext.group_norm_act_pad", input, input_bias)
     N, G = input.shape[0], num_groups
     return (input.new_empty(sizes), input.new_empty((N, G), dtype=torch.float32),
             input.new_empty((N, G), dtype=torch.float32))
 
 
-def group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value):
+def _channel(b, input):
+    """b (C,) viewed to broadcast over input (N, C, *)."""
+    return b.view((1, -1) + (1,) * (input.dim() - 2))
+
+
+def group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value, input_bias=None):
     op = "gnext.group_norm_act_pad"
     act = parse_activation(op, activation)
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_pad_args(op, input, pad, mode)
-    n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
-    return pad_output(apply_act(n, act), [int(p) for p in pad], mode, value), mean, rstd
+    check_input_bias(op, input, input_bias)
+    if input_bias is not None:  # x + b in float32, as the CUDA kernels add it
+        x = input.float() + _channel(input_bias.float(), input)
+        w, b = (None if t is None else t.float() for t in (weight, bias))
+        n, mean, rstd = _group_norm(op, x, num_groups, w, b, eps)
+    else:
+        n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
+    out = apply_act(n, act).to(input.dtype)
+    return pad_output(out, [int(p) for p in pad], mode, value), mean, rstd
 
 
-# group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value) -> (out, mean, rstd)
+# group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value, input_bias)
+#     -> (out, mean, rstd)
 def _pad_save(ctx, inputs, output):
-    input, num_groups, weight, bias, _, activation, pad, mode, _ = inputs
+    input, num_groups, weight, bias, _, activation, pad, mode, _ = inputs[:9]
+    input_bias = inputs[9] if len(inputs) > 9 else None
     _, mean, rstd = output
-    ctx.save_for_backward(input, weight, bias, mean, rstd)
+    ctx.save_for_backward(input, weight, bias, mean, rstd, input_bias)
     ctx.num_groups, ctx.activation, ctx.pad, ctx.mode = num_groups, activation, [int(p) for p in pad], mode
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
 def _pad_grads(ctx, need, grad_out):
-    input, weight, bias, mean, rstd = ctx.saved_tensors
-    mask = [need[0], need[2], need[3]]
+    input, weight, bias, mean, rstd, input_bias = ctx.saved_tensors
+    need_b = len(need) > 9 and need[9] and input_bias is not None
+    mask = [need[0] or need_b, need[2], need[3]]
     if grad_out is None or not any(mask):
-        return (None,) * 9
+        return (None,) * 10
+    if input_bias is not None:  # GroupNorm of x + b: its backward in terms of x + b (input's dtype, as eager's)
+        input = input + _channel(input_bias.to(input.dtype), input)
     g = unpad_grad(grad_out, ctx.pad, ctx.mode)
     dx, dw, db = _call_backward(torch.ops.gnext.group_norm_act_backward.default, g, input, mean, rstd, weight, bias,
                                 ctx.num_groups, ctx.activation, mask)
-    return dx, None, dw, _cast(db, ctx.bias_dtype), None, None, None, None, None
+    dib = None
+    if need_b:  # d(x + b)/db: dx summed over everything but the channel
+        dib = dx.sum(dim=[d for d in range(dx.dim()) if d != 1], dtype=torch.float32).to(input_bias.dtype)
+    return (dx if need[0] else None), None, dw, _cast(db, ctx.bias_dtype), None, None, None, None, None, dib
 
 
 _cpu.register(group_norm_act_pad)
