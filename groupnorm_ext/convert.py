@@ -184,7 +184,12 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
       child and returned that child's output (a causal convolution: ``self.conv(F.pad(x, pad, mode=...))``), the
       norm writes the padded tensor itself (:func:`group_norm_act_pad`) and that module's forward hands it to the
       child without padding: one pass less over the tensor, and no unpadded copy in memory
-      (``pad_into_conv``; counted as ``pad_into_conv``). Other inputs of that module run its own forward;
+      (``pad_into_conv``; counted as ``pad_into_conv``). Other inputs of that module run its own forward. With
+      ``pad_into_conv``, also: a biased ``nn.Conv1d/2d/3d`` whose every output went only into such a padded norm
+      runs without its bias inside the smallest module holding both, and the norm adds it as it reads
+      (``input_bias``; called by itself, under ``torch.compile`` or once that norm is swapped out, the convolution
+      adds its own); and a module that padded its own input by 0 on every side for one convolution child (a copy:
+      1x1x1 causal convolutions) hands the input to that child;
     * with ``blocks=True``, diffusers' ``ResnetBlock2D``: ``norm1 -> nonlinearity`` and (unless
       ``time_embedding_norm="scale_shift"``) ``norm2 -> nonlinearity`` are called from its
       ``forward``, so the block gets a forward that calls the fused norms (:func:`_fuse_blocks`); the
@@ -210,8 +215,8 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
             GroupNorm -> activation pairs by what the forward does (module calls and the ops that consume each
             GroupNorm output).
         pad_into_conv: with ``example_inputs``, write padded outputs where the activation's output is only
-            padded for one child module, and CogVideoX's blocks (above); False keeps every fused norm's output
-            unpadded.
+            padded for one child module, with the bias and zero-padding rewrites around them, and CogVideoX's
+            blocks (above); False keeps every fused norm's output unpadded and every other module's forward.
 
     Returns:
         The converted module, or ``(module, counts)``. GroupNorms without an activation after them
@@ -270,17 +275,31 @@ class _PaddedGroupNormAct(_GatedGroupNormAct):
     Anything else that gets the view sees act(group_norm(x)) itself."""
 
     def forward(self, input: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        conv = self.__dict__.get("_bias_conv")  # a convolution whose output (here) may lack its bias (_fold_bias)
+        ib: torch.Tensor | None = None
+        if conv is not None and getattr(input, "_gnext_bias_from", None) is conv:
+            ib = getattr(conv, "bias")
         if residual is not None or torch.compiler.is_compiling():
+            if ib is not None:
+                input = input + ib.view((1, -1) + (1,) * (input.dim() - 2))
             return super().forward(input, residual)
         pad, mode, value = self.__dict__["_pad"]
         padded = group_norm_act_pad(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, pad,
-                                    mode, value)
+                                    mode, value, input_bias=ib)
         y = padded
         for k in range(len(pad) // 2):
             d = padded.dim() - 1 - k
             y = y.narrow(d, pad[2 * k], input.shape[d])
         setattr(y, "_gnext_padded_for", self.__dict__["_pad_target"])
         return self.__dict__["_gate"].announce(y)
+
+
+def _unpadded_forward(self, input, *args, **kwargs):
+    """Forward of a module whose traced forward was conv(F.pad(input, pad)) with every pad value 0: F.pad then only
+    copies input, which goes to the convolution (a direct child; it does not write its input) as it is."""
+    if args or kwargs:
+        return type(self).forward(self, input, *args, **kwargs)
+    return getattr(self, self.__dict__["_gnext_pad_child"])(input)
 
 
 def _padded_forward(self, input, *args, **kwargs):
@@ -292,13 +311,60 @@ def _padded_forward(self, input, *args, **kwargs):
     return type(self).forward(self, input, *args, **kwargs)
 
 
+def _bias_deferred_forward(self, input):
+    """Forward of a convolution whose every traced output went only into one padded norm's F.group_norm: inside the
+    traced forward of the block holding both (_fold_bias), its output without the bias, marked for that norm, which
+    adds the bias as it reads (input_bias): one broadcast pass over the output less. Called anywhere else, under
+    torch.compile, or once that norm is no longer in its place in the block (swapped by later model surgery), the
+    class's forward."""
+    block, path, norm = self.__dict__["_gnext_fold_block"]
+    if (torch.compiler.is_compiling() or not block.__dict__.get("_gnext_running")
+            or block.get_submodule(path) is not norm):
+        return type(self).forward(self, input)
+    out = self._conv_forward(input, self.weight, None)
+    setattr(out, "_gnext_bias_from", self)
+    return out
+
+
+def _block_enter(block, _args):
+    if not torch.compiler.is_compiling():
+        block.__dict__["_gnext_running"] = block.__dict__.get("_gnext_running", 0) + 1
+
+
+def _block_exit(block, _args, _output):
+    if not torch.compiler.is_compiling():
+        block.__dict__["_gnext_running"] -= 1
+
+
+def _fold_bias(module: nn.Module, conv: nn.Module, norm: nn.Module, fused: nn.Module) -> None:
+    """conv (its outputs went only into norm, a GroupNorm of module that fused, the padded norm, replaces) runs
+    without its bias inside the smallest module of `module` holding both, and fused adds the bias
+    (_bias_deferred_forward)."""
+    names = {m: n for n, m in module.named_modules()}
+    a, b = names[conv].split("."), names[norm].split(".")
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    block = module.get_submodule(".".join(a[:k]))
+    if "_gnext_running" not in block.__dict__:
+        block.__dict__["_gnext_running"] = 0
+        block.register_forward_pre_hook(_block_enter)
+        block.register_forward_hook(_block_exit, always_call=True)
+    conv.__dict__["_gnext_fold_block"] = (block, ".".join(b[k:]), fused)
+    conv.forward = types.MethodType(_bias_deferred_forward, conv)
+    fused.__dict__["_bias_conv"] = conv
+
+
 class _ConsumerMode(TorchFunctionMode):
     """Records, for every watched tensor (a GroupNorm's output), the ops that take it: (activation module, its
     function) when the innermost running module is that activation, else "other". For the padded form it also
     follows the activation's output: the uses of each norm's activated output are recorded in `pads` as (module
     that ran F.pad on it, pad, mode, value), or "other" (an identity dropout passes it on unchanged); an op on the
     padded tensor (`pad_outs`) outside the direct child of that module that took it (marked by
-    _fuse_traced_pairs's hooks) is "other" too."""
+    _fuse_traced_pairs's hooks) is "other" too. The uses of each biased convolution's output go to `conv_uses`: the
+    GroupNorm module whose F.group_norm took it, or "other". F.pad calls with every pad value 0 on the calling module's
+    own input (`zero_outs`, followed as `pad_outs` are) go to `zero_pads`: "zero" per such call, "other" for any other
+    F.pad call of that module or any other use of its padded tensor."""
 
     def __init__(self, stack: list):
         super().__init__()
@@ -308,15 +374,33 @@ class _ConsumerMode(TorchFunctionMode):
         self.activated: dict[int, tuple[nn.Module, torch.Tensor]] = {}  # activation outputs of watched tensors
         self.pads: dict[nn.Module, set] = {}
         self.pad_outs: dict[int, tuple[nn.Module, nn.Module, torch.Tensor]] = {}  # padded -> (norm, padder, tensor)
+        # Weak references: every convolution's output, kept alive until the trace ends, would hold the whole
+        # forward's activations (CogVideoX's decode ran out of an H100's 80 GB).
+        self.conv_outs: dict[int, tuple[nn.Module, weakref.ref]] = {}
+        self.zero_outs: dict[int, tuple[None, nn.Module, weakref.ref]] = {}  # padded -> (None, padder, tensor)
+        self.zero_pads: dict[nn.Module, set] = {}
+        self.conv_uses: dict[nn.Module, set] = {}
 
     def _hit(self, table, a):
         hit = table.get(id(a)) if isinstance(a, torch.Tensor) else None
         return hit if hit is not None and hit[-1] is a else None
 
+    def _hit_ref(self, table, a):
+        hit = table.get(id(a)) if isinstance(a, torch.Tensor) else None
+        return hit if hit is not None and hit[-1]() is a else None
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         top = self.stack[-1] if self.stack else None
+        if func is torch.nn.functional.pad and top is not None and args and self._hit(self.activated, args[0]) is None:
+            pad = args[1] if len(args) > 1 else kwargs.get("pad")
+            zero = pad is not None and all(int(p) == 0 for p in pad) and isinstance(out, torch.Tensor)
+            if zero and args[0] is top.__dict__.get("_gnext_trace_in"):
+                self.zero_pads.setdefault(top, set()).add("zero")
+                self.zero_outs[id(out)] = (None, top, weakref.ref(out))
+                return out
+            self.zero_pads.setdefault(top, set()).add("other")
         for a in [*args, *kwargs.values()]:
             hit = self._hit(self.watch, a)
             if hit is not None:
@@ -342,6 +426,13 @@ class _ConsumerMode(TorchFunctionMode):
             hit = self._hit(self.pad_outs, a)
             if hit is not None and (top is None or top.__dict__.get("_gnext_trace_parent") is not hit[1]):
                 self.pads.setdefault(hit[0], set()).add("other")
+            hit = self._hit_ref(self.zero_outs, a)
+            if hit is not None and (top is None or top.__dict__.get("_gnext_trace_parent") is not hit[1]):
+                self.zero_pads.setdefault(hit[1], set()).add("other")
+            hit = self._hit_ref(self.conv_outs, a)
+            if hit is not None:
+                ok = func is torch.nn.functional.group_norm and args[0] is a and _plain_group_norm(top)
+                self.conv_uses.setdefault(hit[0], set()).add(top if ok else "other")
         return out
 
 
@@ -355,7 +446,8 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
     handles = []
 
     def push(m, inputs):
-        hit = mode._hit(mode.pad_outs, inputs[0]) if inputs else None
+        hit = (mode._hit(mode.pad_outs, inputs[0]) or mode._hit_ref(mode.zero_outs, inputs[0])) if inputs else None
+        m.__dict__["_gnext_trace_in"] = inputs[0] if inputs else None
         if hit is not None:  # m takes a padded tensor: it must be a direct child of the padder, the same every call
             parent = stack[-1] if stack else None
             ok = parent is hit[1] and any(c is m for c in parent.children())
@@ -381,12 +473,20 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
         mode.watch[id(output)] = (m, output)
         mode.consumers.setdefault(m, set())
 
+    def watch_conv(m, _inputs, output):
+        mode.conv_outs[id(output)] = (m, weakref.ref(output))
+        mode.conv_uses.setdefault(m, set())
+
     spatial = [m for m in module.modules() if _is_spatial_norm(m)]
+    convs = [m for m in module.modules()
+             if type(m) in (nn.Conv1d, nn.Conv2d, nn.Conv3d) and m.bias is not None and "forward" not in m.__dict__]
     for m in module.modules():
         handles.append(m.register_forward_pre_hook(push))
         handles.append(m.register_forward_hook(pop))
     for m in norms + spatial:
         handles.append(m.register_forward_hook(watch))
+    for m in convs:
+        handles.append(m.register_forward_hook(watch_conv))
     try:
         with torch.no_grad(), mode:
             module(*example_inputs)
@@ -396,10 +496,9 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
         for m in module.modules():
             m.__dict__.pop("_gnext_trace_parent", None)
             m.__dict__.pop("_gnext_trace_out", None)
+            m.__dict__.pop("_gnext_trace_in", None)
     # A norm fuses when every output it produced went into one activation module and nothing else.
     pairs = {n: next(iter(c)) for n, c in mode.consumers.items() if len(c) == 1 and "other" not in c}
-    if not pairs:
-        return
     # ... and writes its output padded when every activated output went into F.pad in one module, with one pad,
     # whose padded tensor went only into one direct child whose output that module returned.
     padded = {}
@@ -409,6 +508,19 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
             padder, pad, pmode, value = next(iter(uses))
             if children.get(padder) is not None and returned.get(padder) and "forward" not in padder.__dict__:
                 padded[norm] = (padder, pad, pmode, value)
+    # A module that only ever padded its own input by 0 (a 1x1x1 causal convolution) for one convolution child, and
+    # returned its output, hands its input to that child: F.pad copied it, nothing more.
+    targets = {p[0] for p in padded.values()}
+    zero = [m for m, u in mode.zero_pads.items() if pad_into_conv and u == {"zero"} and m not in targets
+            and type(children.get(m)) in (nn.Conv1d, nn.Conv2d, nn.Conv3d) and returned.get(m)
+            and "forward" not in m.__dict__]
+    for m in zero:
+        m.__dict__["_gnext_pad_child"] = next(n for n, c in m.named_children() if c is children[m])
+        m.forward = types.MethodType(_unpadded_forward, m)
+    if zero:
+        _log.info("gnext: %d module(s) skip their zero padding (a copy) before their convolution", len(zero))
+    if not pairs:
+        return
     gates = {id(a): _ActivationGate(a) for a in set(pairs.values())}
     fused = {}
     for norm, act in pairs.items():
@@ -428,6 +540,12 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
             new = _from_group_norm(_GatedGroupNormAct, norm, _activation_name(act))
         new.__dict__["_gate"] = gates[id(act)]
         fused[id(norm)] = new
+    # A convolution whose every output went only into a padded norm leaves its bias to that norm.
+    folds = [(conv, next(iter(u))) for conv, u in mode.conv_uses.items() if len(u) == 1 and next(iter(u)) in padded]
+    for conv, norm in folds:
+        _fold_bias(module, conv, norm, fused[id(norm)])
+    if folds:
+        _log.info("gnext: %d convolution(s) leave their bias to the padded norm after them", len(folds))
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in fused:

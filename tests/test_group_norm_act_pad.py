@@ -282,6 +282,37 @@ class Escapes(Block):
         return x + self.conv2(a) + a.mean()
 
 
+class Pointwise(nn.Module):
+    """A 1x1x1 causal convolution that pads by itself, with every pad value 0 (HunyuanVideo's shortcuts): the
+    padding is a copy."""
+
+    def __init__(self, c, child=None):
+        super().__init__()
+        self.conv = child if child is not None else nn.Conv3d(c, c, 1)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (0, 0, 0, 0, 0, 0), mode="replicate"))
+
+
+class PadsOther(Pointwise):
+    """Pads a tensor it computed, not its input: left alone."""
+
+    def forward(self, x):
+        return self.conv(F.pad(x * 2, (0, 0, 0, 0, 0, 0), mode="replicate"))
+
+
+class Shortcut(Block):
+    def __init__(self, c=16):
+        super().__init__(c)
+        self.shortcut, self.other = Pointwise(c), PadsOther(c)
+        self.inplace = Pointwise(c, nn.ReLU(inplace=True))  # a child that writes its input: its copy is needed
+
+    def forward(self, x):
+        h = self.conv1(self.act(self.norm1(x)))
+        h = self.conv2(self.drop(self.act(self.norm2(h))))
+        return self.shortcut(x) + h + self.other(x) + self.inplace(x)
+
+
 def _pad_calls(fn):
     from torch.overrides import TorchFunctionMode
 
@@ -290,6 +321,23 @@ def _pad_calls(fn):
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             Count.n += func is F.pad
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Count():
+        out = fn()
+    return out, Count.n
+
+
+def _unbiased_convs(fn):
+    """fn() under no_grad, and how many convolutions it ran without a bias."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (F.conv1d, F.conv2d, F.conv3d):
+                Count.n += (args[2] if len(args) > 2 else (kwargs or {}).get("bias")) is None
             return func(*args, **(kwargs or {}))
 
     with torch.no_grad(), Count():
@@ -313,13 +361,48 @@ def test_converter_writes_padded_conv_inputs(device, pad_mode):
         out, n_pad = _pad_calls(lambda: conv(x))
         assert n_pad == 1  # only Escapes.conv2 pads
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    # A deep copy keeps the padded form; gradients flow through it.
+    # Block.conv1's output goes only into norm2, a padded norm: norm2 adds conv1's bias. No other convolution's does
+    # (Block.conv2's goes into the sum; Escapes.norm2 is not padded).
+    out, n_unbiased = _unbiased_convs(lambda: conv(x))
+    assert n_unbiased == 1
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    # Called by itself, outside its block, that convolution adds its own bias; so it does once norm2 is swapped out.
+    torch.testing.assert_close(_unbiased_convs(lambda: conv[0].conv1(x))[0], model[0].conv1(x).detach())
+    swapped = copy.deepcopy(conv)
+    swapped[0].norm2 = copy.deepcopy(model[0].norm2)
+    out, n_unbiased = _unbiased_convs(lambda: swapped(x))
+    assert n_unbiased == 0
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    # A deep copy keeps the padded form; gradients flow through it, the folded bias's included.
     dup = copy.deepcopy(conv).train()
     xr = x.clone().requires_grad_()
     dup(xr).square().sum().backward()
     xe = x.clone().requires_grad_()
-    copy.deepcopy(model).train()(xe).square().sum().backward()
+    eager = copy.deepcopy(model).train()
+    eager(xe).square().sum().backward()
     torch.testing.assert_close(xr.grad, xe.grad, rtol=1e-3, atol=1e-3)
+    for (name, p), (_, q) in zip(dup.named_parameters(), eager.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_converter_skips_zero_padding(device):
+    """A module that pads its own input by 0 for a convolution child hands the input to it (F.pad only copies); one
+    that pads another tensor, or whose child writes its input, keeps its padding."""
+    torch.manual_seed(2)
+    model = Shortcut().to(device).eval()
+    x = torch.randn(1, 16, 3, 9, 10, device=device) * 2 + 1
+    with torch.no_grad():
+        ref = model(x)
+    ref_n = _pad_calls(lambda: model(x))[1]
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(model), example_inputs=(x,), return_counts=True)
+    assert counts["pad_into_conv"] == 2, counts
+    out, n_pad = _pad_calls(lambda: conv(x))
+    assert (ref_n, n_pad) == (5, 2)  # left: PadsOther's and the in-place child's
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(_pad_calls(lambda: conv.shortcut(x))[0], model.shortcut(x).detach())
+    off = ge.convert_group_norm_act(copy.deepcopy(model), example_inputs=(x,), pad_into_conv=False)
+    assert _pad_calls(lambda: off(x))[1] == 5
 
 
 def test_converter_padded_module_with_other_inputs_runs_its_own_forward():
@@ -339,7 +422,7 @@ def test_diffusers_hunyuan_video_decoder_padded(device):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     vae = diffusers.AutoencoderKLHunyuanVideo(
-        block_out_channels=(32, 32, 32), down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+        block_out_channels=(16, 32, 32), down_block_types=("HunyuanVideoDownBlock3D",) * 3,
         up_block_types=("HunyuanVideoUpBlock3D",) * 3, layers_per_block=1, norm_num_groups=8, latent_channels=4,
         temporal_compression_ratio=4, spatial_compression_ratio=4).to(device).eval()
     with torch.no_grad():
@@ -350,7 +433,14 @@ def test_diffusers_hunyuan_video_decoder_padded(device):
     dec, counts = ge.convert_group_norm_act(vae.decoder, example_inputs=(z,), return_counts=True)
     out, n_after = _pad_calls(lambda: dec(z))
     assert counts["pad_into_conv"] == counts["group_norm_act"] > 0, counts
-    assert n_after == n_before - counts["pad_into_conv"]
+    # The shortcuts' 1x1x1 convolutions (32 -> 16 channels) skip their zero padding.
+    shortcuts = sum(getattr(m, "conv_shortcut", None) is not None for m in dec.modules())
+    assert n_after == n_before - counts["pad_into_conv"] - shortcuts and shortcuts > 0
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+    # Each resnet block's conv1 leaves its bias to norm2, and only those.
+    blocks = sum(type(m).__name__ == "HunyuanVideoResnetBlockCausal3D" for m in dec.modules())
+    out, n_unbiased = _unbiased_convs(lambda: dec(z))
+    assert n_unbiased == blocks > 0
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
 
 

@@ -16,6 +16,7 @@ training steps. Rows (random weights, real image input from skimage.data.astrona
   hunyuan-video-fp16            diffusers AutoencoderKLHunyuanVideo decoder (its default layout: 5-D causal conv
                                 blocks, 16 latent channels), fp16, 1x16x5x64x64 random latents -> 17 frames of
                                 512x512 (the converter traces it with example_inputs: its blocks have no rule)
+  hunyuan-video-fp16-cl         the same, model and latents in channels_last_3d
   cogvideox-fp16                diffusers AutoencoderKLCogVideoX decode (default layout; its GroupNorms feed a
                                 spatial modulation, then a SiLU: the converter traces it and runs both in
                                 group_norm_act_modulate, written into the causal convolutions' inputs by its
@@ -28,7 +29,8 @@ while it runs (PyTorch's GroupNorm and C++ autograd on gnext's kernels); torch.c
 torch.compile(original) with groupnorm_ext.enable_compile_fusion() active while it compiles
 (--variants: a subset, e.g. eager,gnext,gnext-aten without the compiles). Named only: gnext-nopad, the converter
 with pad_into_conv=False (no padded outputs, and CogVideoX's blocks on their own forward); gnext-nomod, the
-converter with CogVideoX's spatial norms and blocks back on their own forwards. Timing: wall time (host + GPU) of a
+converter with CogVideoX's spatial norms and blocks back on their own forwards; gnext-nofold, the converter with
+its convolutions adding their own bias (none left to the padded norm after them). Timing: wall time (host + GPU) of a
 batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
@@ -63,8 +65,9 @@ from groupnorm_ext import compile_fusion  # noqa: E402
 
 VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)),
-# and without its modulated spatial norms (CogVideoX's, back on their own forwards).
-EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod")
+# without its modulated spatial norms (CogVideoX's, back on their own forwards), and with every convolution adding
+# its own bias.
+EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold")
 
 
 def image(size, n):
@@ -150,11 +153,12 @@ def build(row, dev, smoke):
         bit = timm.create_model("resnetv2_50x1_bit", pretrained=False, num_classes=1000).to(dev).train()
         n, size = (2, 64) if smoke else (32, 224)
         return bit, (image(size, n).to(dev),), torch.bfloat16, torch.contiguous_format, True
-    if row == "hunyuan-video-fp16":
+    if row.startswith("hunyuan-video-fp16"):
         ch = tuple(c // s for c in (128, 256, 512, 512))
         vae = AutoencoderKLHunyuanVideo(block_out_channels=ch, norm_num_groups=32 // s).to(dev).eval()
         z = torch.randn(1, 16, 5 if not smoke else 2, 64 // s, 64 // s, generator=torch.Generator().manual_seed(2))
-        return VideoDecoder(vae), (z.to(dev),), torch.float16, torch.contiguous_format, False
+        fmt = torch.channels_last_3d if row.endswith("-cl") else torch.contiguous_format
+        return VideoDecoder(vae), (z.to(dev),), torch.float16, fmt, False
     if row == "cogvideox-fp16":
         ch = tuple(c // s for c in (128, 256, 256, 512))
         vae = AutoencoderKLCogVideoX(block_out_channels=ch, norm_num_groups=32 // s).to(dev).eval()
@@ -177,11 +181,12 @@ ROWS = ("vae-fp16-nchw", "vae-fp16-cl", "unet2d-train-bf16", "sd15-unet-fp16", "
 VAE_ROWS = ("vae-enc-fp16-nchw", "vae-enc-fp16-cl", "vae-1024-fp16-nchw", "vae-1024-fp16-cl",
             "vae-enc-1024-fp16-nchw", "vae-enc-1024-fp16-cl")
 # Rows whose blocks the converter has no rule for: it traces them (convert_group_norm_act(example_inputs=...)).
-TRACED_ROWS = ("hunyuan-video-fp16", "cogvideox-fp16")
+TRACED_ROWS = ("hunyuan-video-fp16", "hunyuan-video-fp16-cl", "cogvideox-fp16")
 
 
 def _cast(args, dtype, fmt):
-    return tuple(a.to(dtype).contiguous(memory_format=fmt) if a.is_floating_point() and a.dim() == 4
+    dims = 5 if fmt == torch.channels_last_3d else 4
+    return tuple(a.to(dtype).contiguous(memory_format=fmt) if a.is_floating_point() and a.dim() == dims
                  else a.to(dtype) if a.is_floating_point() else a for a in args)
 
 
@@ -231,7 +236,8 @@ def no_caches():
 # Per-round ratios: (variant, its baseline); the two ran in the same round, so slow phases of the shared
 # machine that span a round cancel.
 PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("compile+fusion", "compile"),
-         ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"), ("gnext-nomod", "eager"), ("gnext", "gnext-nomod"))
+         ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"), ("gnext-nomod", "eager"), ("gnext", "gnext-nomod"),
+         ("gnext", "gnext-nofold"))
 
 
 def paired(times):
@@ -287,6 +293,12 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
             if type(m).__name__ in ("CogVideoXSpatialNorm3D", "CogVideoXResnetBlock3D"):
                 m.__dict__.pop("forward", None)
         fns["gnext-nomod"] = step_fn(nomod, args, train)
+    if "gnext-nofold" in variants:  # the converter with each convolution adding its own bias
+        nofold = copy.deepcopy(conv)
+        for m in nofold.modules():
+            if "_gnext_fold_block" in m.__dict__:
+                m.__dict__.pop("forward", None)
+        fns["gnext-nofold"] = step_fn(nofold, args, train)
     outs, t_compile = {}, {}
     graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
     if "compile" in variants:
@@ -344,7 +356,7 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         for v in order:
             times[v].append(timed(v, iters[v]))
         progress(f"{row}: round {r + 1}/{rounds} " + " ".join(f"{v} {times[v][-1]:.2f}" for v in variants))
-    res = {"row": row, "dtype": str(dtype).split(".")[1], "format": "cl" if fmt == torch.channels_last else "nchw",
+    res = {"row": row, "dtype": str(dtype).split(".")[1], "format": "nchw" if fmt == torch.contiguous_format else "cl",
            "train": train, "iters_per_timing": iters, **info,
            "ms": {v: statistics.median(times[v]) for v in variants},
            "ms_min": {v: min(times[v]) for v in variants}, "ms_max": {v: max(times[v]) for v in variants},
@@ -360,7 +372,8 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
 LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gnext-aten eager ms (x)",
           "compile": "compile ms (x)", "compile+fusion": "compile + fusion ms (x)",
           "gnext-nopad": "gnext eager, no padded outputs ms (x)",
-          "gnext-nomod": "gnext eager, no modulated norms ms (x)"}
+          "gnext-nomod": "gnext eager, no modulated norms ms (x)",
+          "gnext-nofold": "gnext eager, convolutions add their bias ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
