@@ -124,6 +124,33 @@ def check_input_bias(op, input, input_bias):
            lambda: f"{op}: input_bias dtype must match input ({_dt(input)}) or be float32, got {_dt(b)}")
 
 
+def channel_view(b, input):
+    """b (C,) viewed to broadcast over input (N, C, *)."""
+    return b.view((1, -1) + (1,) * (input.dim() - 2))
+
+
+def group_norm_of_biased(op, input, num_groups, weight, bias, eps, input_bias):
+    """_group_norm of input + input_bias[c] (of input where None), the sum and the parameters in float32, as the
+    CUDA kernels add it."""
+    if input_bias is None:
+        return _group_norm(op, input, num_groups, weight, bias, eps)
+    x = input.float() + channel_view(input_bias.float(), input)
+    w, b = (None if t is None else t.float() for t in (weight, bias))
+    return _group_norm(op, x, num_groups, w, b, eps)
+
+
+def biased_input(input, input_bias):
+    """input + input_bias[c] in input's dtype (as eager's convolution output holds its bias), for the backward
+    ops, which recompute the normalized values from it; input itself where None."""
+    return input if input_bias is None else input + channel_view(input_bias.to(input.dtype), input)
+
+
+def input_bias_grad(dx, input_bias):
+    """The gradient of input_bias from that of input + input_bias[c]: dx summed over all but the channel, in the
+    bias's dtype."""
+    return dx.sum(dim=[d for d in range(dx.dim()) if d != 1], dtype=torch.float32).to(input_bias.dtype)
+
+
 def check_lse_args(op, input, input_bias, num_groups, weight, bias):
     s = check_group_norm_args(op, input, num_groups, weight, bias)
     check_input_bias(op, input, input_bias)

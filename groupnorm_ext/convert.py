@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ._cpu import channel_view
 from .functional import group_norm_act_modulate, group_norm_act_pad
 from .modules import ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct
 
@@ -281,7 +282,7 @@ class _PaddedGroupNormAct(_GatedGroupNormAct):
             ib = getattr(conv, "bias")
         if residual is not None or torch.compiler.is_compiling():
             if ib is not None:
-                input = input + ib.view((1, -1) + (1,) * (input.dim() - 2))
+                input = input + channel_view(ib, input)
             return super().forward(input, residual)
         pad, mode, value = self.__dict__["_pad"]
         padded = group_norm_act_pad(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, pad,

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from .. import _autograd, _cpu
 from .._autograd import _call_backward, _cast
-from .._cpu import _check, _check_like_input, _group_norm, act_backward, apply_act, check_group_norm_args, \
-    check_input_bias, check_same_as_input, parse_activation
+from .._cpu import _check, _check_like_input, act_backward, apply_act, biased_input, check_group_norm_args, \
+    check_input_bias, check_same_as_input, group_norm_of_biased, input_bias_grad, parse_activation
 
 
 def _check_one(op, name, t, input):
@@ -47,11 +47,6 @@ def check_modulation(op, input, scale, shift):
     _check(_check_one(op, "shift", shift, input) == up and scale.shape == shift.shape,
            lambda: f"{op}: shift.shape={list(shift.shape)} must equal scale.shape={list(scale.shape)}")
     return up
-
-
-def _channel(b, input):
-    """b (C,) viewed to broadcast over input (N, C, *)."""
-    return b.view((1, -1) + (1,) * (input.dim() - 2))
 
 
 def upsample(t, input):
@@ -84,12 +79,7 @@ def group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, 
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_modulation(op, input, scale, shift)
     check_input_bias(op, input, input_bias)
-    if input_bias is not None:  # x + b in float32, as the CUDA kernels add it
-        x = input.float() + _channel(input_bias.float(), input)
-        w, b = (None if t is None else t.float() for t in (weight, bias))
-        n, mean, rstd = _group_norm(op, x, num_groups, w, b, eps)
-    else:
-        n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
+    n, mean, rstd = group_norm_of_biased(op, input, num_groups, weight, bias, eps, input_bias)
     scale, shift = upsample(scale, input), upsample(shift, input)
     out = apply_act(torch.addcmul(shift.float(), n.float(), scale.float()), act)
     return out.to(input.dtype).contiguous(), mean, rstd
@@ -150,8 +140,7 @@ def _modulate_grads(ctx, need, grad_out):
     none = (None,) * 9
     if grad_out is None or not any(need):
         return none
-    if input_bias is not None:  # GroupNorm of x + b: its backward in terms of x + b (input's dtype, as eager's)
-        input = input + _channel(input_bias.to(input.dtype), input)
+    input = biased_input(input, input_bias)  # GroupNorm of x + b: its backward in terms of x + b
     need_b = len(need) > 8 and need[8]
     # n = GroupNorm(x) (with its affine), recomputed from mean/rstd.
     n = _call_backward(torch.ops.gnext.group_norm_act_apply.default, input, mean, rstd, ctx.num_groups, weight, bias,
@@ -168,9 +157,7 @@ def _modulate_grads(ctx, need, grad_out):
     if any(mask):
         dx, dw, db = _call_backward(torch.ops.gnext.group_norm_backward.default, g * scale, input, mean, rstd, weight,
                                     ctx.num_groups, mask)
-    dib = None
-    if need_b:  # d(x + b)/db: dx summed over everything but the channel
-        dib = dx.sum(dim=[d for d in range(dx.dim()) if d != 1], dtype=torch.float32).to(input_bias.dtype)
+    dib = input_bias_grad(dx, input_bias) if need_b else None
     return (dx if need[0] else None), None, dw, _cast(db, ctx.bias_dtype), None, dscale, dshift, None, dib
 
 

@@ -12,7 +12,8 @@ import torch
 
 from .. import _autograd, _cpu
 from .._autograd import _call_backward, _cast
-from .._cpu import _check, _group_norm, apply_act, check_group_norm_args, check_input_bias, parse_activation
+from .._cpu import _check, apply_act, biased_input, check_group_norm_args, check_input_bias, group_norm_of_biased, \
+    input_bias_grad, parse_activation
 
 MODES = ("replicate", "constant")
 
@@ -86,23 +87,13 @@ def _group_norm_act_pad_fake(input, num_groups, weight, bias, eps, activation, p
             input.new_empty((N, G), dtype=torch.float32))
 
 
-def _channel(b, input):
-    """b (C,) viewed to broadcast over input (N, C, *)."""
-    return b.view((1, -1) + (1,) * (input.dim() - 2))
-
-
 def group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value, input_bias=None):
     op = "gnext.group_norm_act_pad"
     act = parse_activation(op, activation)
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_pad_args(op, input, pad, mode)
     check_input_bias(op, input, input_bias)
-    if input_bias is not None:  # x + b in float32, as the CUDA kernels add it
-        x = input.float() + _channel(input_bias.float(), input)
-        w, b = (None if t is None else t.float() for t in (weight, bias))
-        n, mean, rstd = _group_norm(op, x, num_groups, w, b, eps)
-    else:
-        n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
+    n, mean, rstd = group_norm_of_biased(op, input, num_groups, weight, bias, eps, input_bias)
     out = apply_act(n, act).to(input.dtype)
     return pad_output(out, [int(p) for p in pad], mode, value), mean, rstd
 
@@ -124,14 +115,11 @@ def _pad_grads(ctx, need, grad_out):
     mask = [need[0] or need_b, need[2], need[3]]
     if grad_out is None or not any(mask):
         return (None,) * 10
-    if input_bias is not None:  # GroupNorm of x + b: its backward in terms of x + b (input's dtype, as eager's)
-        input = input + _channel(input_bias.to(input.dtype), input)
+    input = biased_input(input, input_bias)  # GroupNorm of x + b: its backward in terms of x + b
     g = unpad_grad(grad_out, ctx.pad, ctx.mode)
     dx, dw, db = _call_backward(torch.ops.gnext.group_norm_act_backward.default, g, input, mean, rstd, weight, bias,
                                 ctx.num_groups, ctx.activation, mask)
-    dib = None
-    if need_b:  # d(x + b)/db: dx summed over everything but the channel
-        dib = dx.sum(dim=[d for d in range(dx.dim()) if d != 1], dtype=torch.float32).to(input_bias.dtype)
+    dib = input_bias_grad(dx, input_bias) if need_b else None
     return (dx if need[0] else None), None, dw, _cast(db, ctx.bias_dtype), None, None, None, None, None, dib
 
 
