@@ -7,10 +7,11 @@ Importing this package loads the compiled library, which registers
 * ``torch.ops.gnext.group_norm_backward(grad_out, input, mean, rstd, weight, num_groups, output_mask)``
 * ``torch.ops.gnext.conv_transpose2d_gelu_group_norm(...)`` and its ``..._backward`` (KernelBench L2#19)
 * ``torch.ops.gnext.group_norm_act(input, num_groups, weight, bias, eps, activation, residual)`` and its backward
-* ``torch.ops.gnext.group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value)``:
-  ``F.pad(act(GroupNorm(input)), pad, mode, value)`` written in one pass after the statistics
-* ``torch.ops.gnext.group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation)``:
-  ``act(GroupNorm(input) * scale + shift)`` with tensor scale and shift, full size or of smaller (h, w) read by
+* ``torch.ops.gnext.group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value,
+  input_bias=None)``: ``F.pad(act(GroupNorm(input + input_bias[c])), pad, mode, value)`` written in one pass after
+  the statistics
+* ``torch.ops.gnext.group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation,
+  input_bias=None)``: ``act(GroupNorm(input + input_bias[c]) * scale + shift)`` with tensor scale and shift, full size or of smaller (h, w) read by
   nearest upsampling (a spatially conditioned norm); ``group_norm_act_modulate_into(..., out)`` writes it into ``out``
 * ``torch.ops.gnext.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation,
   residual)`` and its backward (KernelBench L2#92 after the conv)
