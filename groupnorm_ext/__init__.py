@@ -11,8 +11,9 @@ Importing this package loads the compiled library, which registers
   input_bias=None)``: ``F.pad(act(GroupNorm(input + input_bias[c])), pad, mode, value)`` written in one pass after
   the statistics
 * ``torch.ops.gnext.group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation,
-  input_bias=None)``: ``act(GroupNorm(input + input_bias[c]) * scale + shift)`` with tensor scale and shift, full size or of smaller (h, w) read by
-  nearest upsampling (a spatially conditioned norm); ``group_norm_act_modulate_into(..., out)`` writes it into ``out``
+  input_bias=None)``: ``act(GroupNorm(input + input_bias[c]) * scale + shift)`` with tensor scale and shift, full
+  size or of smaller (h, w) read by nearest upsampling (a spatially conditioned norm);
+  ``group_norm_act_modulate_into(..., out)`` writes it into ``out``
 * ``torch.ops.gnext.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation,
   residual)`` and its backward (KernelBench L2#92 after the conv)
 
