@@ -337,11 +337,10 @@ def _block_exit(block, _args, _output):
         block.__dict__["_gnext_running"] -= 1
 
 
-def _fold_bias(module: nn.Module, conv: nn.Module, norm: nn.Module, fused: nn.Module) -> None:
+def _fold_bias(module: nn.Module, names: dict, conv: nn.Module, norm: nn.Module, fused: nn.Module) -> None:
     """conv (its outputs went only into norm, a GroupNorm of module that fused, the padded norm, replaces) runs
     without its bias inside the smallest module of `module` holding both, and fused adds the bias
-    (_bias_deferred_forward)."""
-    names = {m: n for n, m in module.named_modules()}
+    (_bias_deferred_forward). names: module's submodules' qualified names."""
     a, b = names[conv].split("."), names[norm].split(".")
     k = 0
     while k < min(len(a), len(b)) and a[k] == b[k]:
@@ -370,23 +369,20 @@ class _ConsumerMode(TorchFunctionMode):
     def __init__(self, stack: list):
         super().__init__()
         self.stack = stack
-        self.watch: dict[int, tuple[nn.Module, torch.Tensor]] = {}
+        # Every table maps id(tensor) to a tuple ending in a weak reference to that tensor: strong ones would keep
+        # the forward's activations alive until the trace ends (CogVideoX's decode ran out of an H100's 80 GB).
+        self.watch: dict[int, tuple[nn.Module, weakref.ref]] = {}
         self.consumers: dict[nn.Module, set] = {}
-        self.activated: dict[int, tuple[nn.Module, torch.Tensor]] = {}  # activation outputs of watched tensors
+        self.activated: dict[int, tuple[nn.Module, weakref.ref]] = {}  # activation outputs of watched tensors
         self.pads: dict[nn.Module, set] = {}
-        self.pad_outs: dict[int, tuple[nn.Module, nn.Module, torch.Tensor]] = {}  # padded -> (norm, padder, tensor)
-        # Weak references: every convolution's output, kept alive until the trace ends, would hold the whole
-        # forward's activations (CogVideoX's decode ran out of an H100's 80 GB).
+        self.pad_outs: dict[int, tuple[nn.Module, nn.Module, weakref.ref]] = {}  # padded -> (norm, padder, tensor)
         self.conv_outs: dict[int, tuple[nn.Module, weakref.ref]] = {}
         self.zero_outs: dict[int, tuple[None, nn.Module, weakref.ref]] = {}  # padded -> (None, padder, tensor)
         self.zero_pads: dict[nn.Module, set] = {}
         self.conv_uses: dict[nn.Module, set] = {}
 
     def _hit(self, table, a):
-        hit = table.get(id(a)) if isinstance(a, torch.Tensor) else None
-        return hit if hit is not None and hit[-1] is a else None
-
-    def _hit_ref(self, table, a):
+        """table's entry for a, where a is the tensor it was made for (not a later one with a dead one's id)."""
         hit = table.get(id(a)) if isinstance(a, torch.Tensor) else None
         return hit if hit is not None and hit[-1]() is a else None
 
@@ -397,7 +393,8 @@ class _ConsumerMode(TorchFunctionMode):
         if func is torch.nn.functional.pad and top is not None and args and self._hit(self.activated, args[0]) is None:
             pad = args[1] if len(args) > 1 else kwargs.get("pad")
             zero = pad is not None and all(int(p) == 0 for p in pad) and isinstance(out, torch.Tensor)
-            if zero and args[0] is top.__dict__.get("_gnext_trace_in"):
+            own = top.__dict__.get("_gnext_trace_in")
+            if zero and own is not None and args[0] is own():
                 self.zero_pads.setdefault(top, set()).add("zero")
                 self.zero_outs[id(out)] = (None, top, weakref.ref(out))
                 return out
@@ -421,16 +418,16 @@ class _ConsumerMode(TorchFunctionMode):
                     value = 0.0 if value is None else value
                     if mode in ("replicate", "constant") and isinstance(value, (int, float)):
                         self.pads.setdefault(norm, set()).add((top, tuple(int(p) for p in pad), mode, float(value)))
-                        self.pad_outs[id(out)] = (norm, top, out)
+                        self.pad_outs[id(out)] = (norm, top, weakref.ref(out))
                         continue
                 self.pads.setdefault(norm, set()).add("other")
             hit = self._hit(self.pad_outs, a)
             if hit is not None and (top is None or top.__dict__.get("_gnext_trace_parent") is not hit[1]):
                 self.pads.setdefault(hit[0], set()).add("other")
-            hit = self._hit_ref(self.zero_outs, a)
+            hit = self._hit(self.zero_outs, a)
             if hit is not None and (top is None or top.__dict__.get("_gnext_trace_parent") is not hit[1]):
                 self.zero_pads.setdefault(hit[1], set()).add("other")
-            hit = self._hit_ref(self.conv_outs, a)
+            hit = self._hit(self.conv_outs, a)
             if hit is not None:
                 ok = func is torch.nn.functional.group_norm and args[0] is a and _plain_group_norm(top)
                 self.conv_uses.setdefault(hit[0], set()).add(top if ok else "other")
@@ -447,8 +444,9 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
     handles = []
 
     def push(m, inputs):
-        hit = (mode._hit(mode.pad_outs, inputs[0]) or mode._hit_ref(mode.zero_outs, inputs[0])) if inputs else None
-        m.__dict__["_gnext_trace_in"] = inputs[0] if inputs else None
+        first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+        hit = mode._hit(mode.pad_outs, first) or mode._hit(mode.zero_outs, first)
+        m.__dict__["_gnext_trace_in"] = weakref.ref(first) if first is not None else None
         if hit is not None:  # m takes a padded tensor: it must be a direct child of the padder, the same every call
             parent = stack[-1] if stack else None
             ok = parent is hit[1] and any(c is m for c in parent.children())
@@ -460,7 +458,7 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
     def pop(m, inputs, output):
         stack.pop()
         if id(m) in acts and inputs and mode._hit(mode.watch, inputs[0]) is not None:
-            mode.activated[id(output)] = (mode.watch[id(inputs[0])][0], output)
+            mode.activated[id(output)] = (mode.watch[id(inputs[0])][0], weakref.ref(output))
         if m in children:  # a padder: did it return its child's output?
             child = children[m]
             took = child is not None and child.__dict__.get("_gnext_trace_out") is output
@@ -471,7 +469,7 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
     def watch(m, _inputs, output):
         if isinstance(output, tuple):  # a spatial norm: (normalized, conv cache)
             output = output[0]
-        mode.watch[id(output)] = (m, output)
+        mode.watch[id(output)] = (m, weakref.ref(output))
         mode.consumers.setdefault(m, set())
 
     def watch_conv(m, _inputs, output):
@@ -543,8 +541,9 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
         fused[id(norm)] = new
     # A convolution whose every output went only into a padded norm leaves its bias to that norm.
     folds = [(conv, next(iter(u))) for conv, u in mode.conv_uses.items() if len(u) == 1 and next(iter(u)) in padded]
+    names = {m: n for n, m in module.named_modules()} if folds else {}
     for conv, norm in folds:
-        _fold_bias(module, conv, norm, fused[id(norm)])
+        _fold_bias(module, names, conv, norm, fused[id(norm)])
     if folds:
         _log.info("gnext: %d convolution(s) leave their bias to the padded norm after them", len(folds))
     for parent in list(module.modules()):

@@ -206,8 +206,7 @@ def group_norm_act_pad(
         act = _cpu.parse_activation("gnext.group_norm_act_pad", activation)
         _pad_op.check_pad_args("gnext.group_norm_act_pad", input, pad, mode)
         _cpu.check_input_bias("gnext.group_norm_act_pad", input, input_bias)
-        if input_bias is not None:
-            input = input + _cpu.channel_view(input_bias, input)
+        input = _cpu.biased_input(input, input_bias)
         out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
         return _pad_op.pad_output(out, pad, mode, value)
     return _group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mode, value, input_bias)
@@ -272,8 +271,7 @@ def group_norm_act_modulate(
         act = _cpu.parse_activation("gnext.group_norm_act_modulate", activation)
         _modulate_op.check_modulation("gnext.group_norm_act_modulate", input, scale, shift)
         _cpu.check_input_bias("gnext.group_norm_act_modulate", input, input_bias)
-        if input_bias is not None:
-            input = input + _cpu.channel_view(input_bias, input)
+        input = _cpu.biased_input(input, input_bias)
         n = torch.nn.functional.group_norm(input, num_groups, weight, bias, eps)
         scale, shift = _modulate_op.upsample(scale, input), _modulate_op.upsample(shift, input)
         y = _cpu.apply_act(torch.addcmul(shift, n, scale), act).contiguous()
