@@ -431,18 +431,21 @@ namespace {
 // The statistics of the ops whose second pass walks NCHW rows (padded and modulated outputs): x (and weight/bias)
 // contiguous, the two-pass reduction into mean/rstd and the rows' coefficients (st.coef), pw the output activation.
 struct NchwStats {
-  Tensor x;
+  Tensor x, input_bias;  // input_bias: float32 (C,), or undefined
   OptTensor w, b;
   cudaStream_t stream;
   ScalarKind t;
   TwoPassStats st;
   gn::PwArgs pw;
 };
+// input_bias: the statistics are those of input + input_bias[c], input read as it is (the finalize shifts each
+// channel's partial means, and the coefficients become x - (mean - b)).
 NchwStats nchw_stats(const Problem& s, const Tensor& input, const OptTensor& weight, const OptTensor& bias,
                      const Tensor& mean, const Tensor& rstd, double eps, const Pointwise& pro,
-                     const float* shift = nullptr) {
+                     const OptTensor& input_bias = {}) {
   NchwStats r;
   r.x = contig(input);
+  if (defined(input_bias)) r.input_bias = contig(to_dtype(*input_bias, ScalarType::Float));
   r.w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
   r.b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
   gn::Request req = request_of(r.x, Pointwise{});
@@ -450,7 +453,8 @@ NchwStats nchw_stats(const Problem& s, const Tensor& input, const OptTensor& wei
   const Plan plan = gn::plan_stats(s, req, plan_device(), gn::tuning());
   r.stream = current_stream(r.x);
   r.t = scalar_kind(input.scalar_type());
-  r.st = two_pass_stats(r.t, s, plan.reduce, r.x, gn::PwArgs{}, r.w, r.b, mean, rstd, eps, r.stream, shift);
+  r.st = two_pass_stats(r.t, s, plan.reduce, r.x, gn::PwArgs{}, r.w, r.b, mean, rstd, eps, r.stream,
+                        defined(input_bias) ? ptr<float>(r.input_bias) : nullptr);
   r.pw = pw_args(pro, Tensor(), nullptr, r.w, r.b);
   return r;
 }
@@ -476,11 +480,8 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
     if (out.numel() > 0) fill(out, value);
     return {out, mean, rstd};
   }
-  // The statistics pass reads x in its own layout (NCHW or NHWC); the padded pass needs NCHW rows. An input bias
-  // enters as in group_norm_modulate_cuda_pre: the finalize's shift, x read as it is.
-  const Tensor ib = defined(input_bias) ? contig(to_dtype(*input_bias, ScalarType::Float)) : Tensor();
-  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro,
-                                  defined(input_bias) ? ptr<float>(ib) : nullptr);
+  // The statistics pass reads x in its own layout (NCHW or NHWC); the padded pass needs NCHW rows.
+  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro, input_bias);
   // (NC, D, H, W) of x and out, the spatial dims right-aligned (a 4-D input has D = 1).
   const int64_t sd = input.dim() - 2;
   int64_t in[3] = {1, 1, 1}, op_[3] = {1, 1, 1};
@@ -520,11 +521,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_modulate_cuda_pre(const char* op, 
     return {out, mean, rstd};
   }
   // The pass walks NCHW rows: x, scale and shift contiguous (copied where they are not); out's rows at its strides.
-  // An input bias shifts the per-channel partials' means in the finalize (the statistics of x + b) and the rows'
-  // coefficients (x - (mean - b)): x itself is read as it is.
-  const Tensor ib = defined(input_bias) ? contig(to_dtype(*input_bias, ScalarType::Float)) : Tensor();
-  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro,
-                                  defined(input_bias) ? ptr<float>(ib) : nullptr);
+  const NchwStats ns = nchw_stats(s, input, weight, bias, mean, rstd, eps, pro, input_bias);
   const Tensor sc = contig(scale), sh = contig(shift);
   const gn::OutRows o{s.C, out.stride(0), out.stride(1)};
   const int64_t es = static_cast<int64_t>(out.element_size());
