@@ -370,7 +370,7 @@ class _ConsumerMode(TorchFunctionMode):
         super().__init__()
         self.stack = stack
         # Every table maps id(tensor) to a tuple ending in a weak reference to that tensor: strong ones would keep
-        # the forward's activations alive until the trace ends (CogVideoX's decode ran out of an H100's 80 GB).
+        # every activation of the traced forward alive until the trace ends, more than a video decode's GPU holds.
         self.watch: dict[int, tuple[nn.Module, weakref.ref]] = {}
         self.consumers: dict[nn.Module, set] = {}
         self.activated: dict[int, tuple[nn.Module, weakref.ref]] = {}  # activation outputs of watched tensors

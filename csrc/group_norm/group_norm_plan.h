@@ -80,9 +80,8 @@ constexpr int vector_width(int64_t esize, int64_t inner, bool aligned) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Padded output (group_norm_pad.cu): rows of the row kernel per warp trip, their loads in flight together. Two:
-// a 16-byte load per lane and row, 1 KiB per warp; four spent registers and shared memory that cost more
-// occupancy than they won (1x128x17x512² fp16, H200: 1.323 / 1.220 / 1.472 ms for 1 / 2 / 4 rows, H100 1.568 /
-// 1.492 / 1.686). docs/decisions/padded-output.md.
+// a 16-byte load per lane and row, 1 KiB per warp in flight; four cost more occupancy (registers, shared memory)
+// than they win. docs/decisions/padded-output.md.
 inline int pad_rows_per_warp(const Tuning& t) { return t.pad_rows == 1 ? 1 : 2; }
 
 // ---------------------------------------------------------------------------------------------------------------
