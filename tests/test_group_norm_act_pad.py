@@ -159,6 +159,44 @@ def test_rows_kernel(dtype, mode, shape, pad, rows_per_warp, tuning):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("mode", ["replicate", "constant"])
+@pytest.mark.parametrize("shape,pad", [
+    ((1, 8, 3, 37, 512), (1, 1, 1, 1, 2, 0)),    # HunyuanVideo's pad; H not a multiple of a stage's rows
+    ((1, 8, 2, 70, 256), (2, 2, 1, 1, 2, 0)),    # 32 rows a stage: three stages per frame, the last partial
+    ((2, 4, 2, 40, 256), (3, 2, 1, 2, 1, 1)),    # uneven pads on every side, back frames and rows too
+    ((1, 8, 1, 9, 128), (1, 1, 2, 0, 2, 0)),     # one source frame: every output frame from it
+    ((1, 4, 4, 5, 64), (1, 1, 1, 1, 2, 0)),      # short rows: a stage holds every row of a frame
+    ((1, 4, 2, 3, 8192), (1, 1, 1, 1, 2, 0)),    # a 16-bit row of one whole stage (fp32: the row kernel)
+    ((2, 8, 33, 516), (1, 1, 1, 1)),             # 4-D, rows of 16-byte multiples only in float32
+    ((3, 4, 1, 1, 16), (1, 1, 1, 1, 1, 1)),      # one source row per (n, c)
+    ((1, 4, 2, 6, 256), (6, 1, 0, 0, 0, 0)),     # a left pad wider than a float32 vector (its halo not staged)
+])
+@pytest.mark.parametrize("tile", [0, 2])
+def test_tile_kernel(dtype, mode, shape, pad, tile, tuning):
+    """Source rows staged in shared memory by cp.async (GNEXT_PAD_TILE=2: wherever the rows are 16-byte multiples
+    of at most a stage), against the row and flat kernels (GNEXT_PAD_TILE=0), both against float64."""
+    tuning.set("GNEXT_PAD_TILE", tile)
+    _check("cuda", dtype, shape, 4, "silu", pad, mode, value=-0.5 if mode == "constant" else 0.0, seed=17,
+           backward=False, input_bias=torch.float32 if shape[1] == 8 else None)
+
+
+@pytest.mark.gpu
+def test_tile_kernel_matches_rows():
+    """The tile kernel writes bitwise what the row kernel writes (same coefficients, same per-element arithmetic)."""
+    x = torch.randn(1, 32, 5, 64, 512, device="cuda", dtype=torch.float16) * 3 + 2
+    w, b = torch.randn(32, device="cuda"), torch.randn(32, device="cuda")
+    prev = ge.set_tuning({"GNEXT_PAD_TILE": 0})
+    try:
+        ref = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
+        ge.set_tuning({"GNEXT_PAD_TILE": 1})
+        out = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
+    finally:
+        ge.set_tuning(prev)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.gpu
 def test_cuda_graph_and_compile():
     x = torch.randn(2, 16, 3, 20, 18, device="cuda", dtype=torch.float16) + 1
     w, b = torch.randn(16, device="cuda"), torch.randn(16, device="cuda")

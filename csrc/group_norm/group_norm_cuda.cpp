@@ -492,9 +492,9 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_pad_cuda_pre(const char* op, const
   }
   for (size_t k = 0; k < pad.size() / 2; ++k) lo[2 - k] = static_cast<int>(pad[2 * k]);
   gn::PadShape ps{s.N * s.C, s.C, in[0], in[1], in[2], op_[0], op_[1], op_[2], lo[0], lo[1], lo[2]};
+  const gn::PadPlan pp = gn::pad_plan(ps.W, input.element_size(), aligned16({ns.x.data_ptr()}), gn::tuning());
   GNEXT_CUDA_CHECK(gn::launch_affine_pad(ns.t, ps, ns.x.data_ptr(), out.data_ptr(), ns.st.coef, ns.pw, replicate,
-                                       static_cast<float>(value), gn::pad_rows_per_warp(gn::tuning()),
-                                       plan_device().sms, ns.stream));
+                                       static_cast<float>(value), pp, plan_device().sms, ns.stream));
   return {out, mean, rstd};
 }
 

@@ -362,11 +362,19 @@ struct PadShape {
   int64_t NC, C, D, H, W, Dp, Hp, Wp;
   int fd, ht, wl;
 };
+// Which kernel writes the padded output (pad_plan in group_norm_plan.h): source rows staged by cp.async
+// (kTiles: rows of 16-byte multiples, at most kPadTileBytes), a warp per output row (kRows, rows_per_warp 1 or 2
+// at a time), or each plane walked flat (kFlat).
+enum class PadKernel : int { kFlat, kRows, kTiles };
+struct PadPlan {
+  PadKernel kernel;
+  int rows_per_warp;
+  int tile_bytes;  // kTiles: bytes of source rows per stage
+};
 // out = act(coef.y * (x' - coef.x) + coef.w) at the source element x' of each output element (replicate: the
 // clamped index), `value` where constant padding has none. pw: an output activation only (no prologue, no residual).
-// rows_per_warp: 1 or 2 (pad_rows_per_warp), for rows of at least 256 source elements.
 cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, void* out, const float* coef,
-                              const PwArgs& pw, bool replicate, float value, int rows_per_warp, int sm_count,
+                              const PwArgs& pw, bool replicate, float value, const PadPlan& plan, int sm_count,
                               cudaStream_t stream);
 // Where the modulated pass writes row (n, c) = (row / C, row % C): at n * sn + c * sc elements (a contiguous out:
 // sn = C * plane, sc = plane; out a slice along dim 2 of a larger buffer: that buffer's strides).

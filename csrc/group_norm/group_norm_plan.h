@@ -79,10 +79,22 @@ constexpr int vector_width(int64_t esize, int64_t inner, bool aligned) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Padded output (group_norm_pad.cu): rows of the row kernel per warp trip, their loads in flight together. Two:
-// a 16-byte load per lane and row, 1 KiB per warp in flight; four cost more occupancy (registers, shared memory)
-// than they win. docs/decisions/padded-output.md.
-inline int pad_rows_per_warp(const Tuning& t) { return t.pad_rows == 1 ? 1 : 2; }
+// Padded output (group_norm_pad.cu). The tile kernel stages whole source rows in shared memory by cp.async, three
+// stages of kPadTileBytes per CTA (two in flight while one is written: 128 KiB per SM without registers behind
+// them), and writes each output row from the stage: rows of 16-byte multiples from kPadTileMinW elements up to a
+// stage. Stages of 4, 8 and 32 KiB were slower (fewer rows per barrier, or fewer CTAs per SM); 128-element rows lose
+// to the flat kernel (a warp per 130-element row leaves half its lanes idle). Other rows of at least kPadRowsMinW
+// elements take the row kernel, two rows per warp trip with their loads in flight together (four cost more
+// occupancy than they win). Shorter rows: the flat kernel. docs/decisions/padded-output.md.
+constexpr int64_t kPadTileMinW = 256;
+constexpr int64_t kPadRowsMinW = 256;
+constexpr int kPadTileBytes = 16384;
+inline PadPlan pad_plan(int64_t W, int64_t esize, bool aligned, const Tuning& t) {
+  const bool rows16 = aligned && (W * esize) % 16 == 0 && W * esize <= kPadTileBytes;
+  if (t.pad_tile != 0 && rows16 && (t.pad_tile == 2 || W >= kPadTileMinW)) return {PadKernel::kTiles, 0, kPadTileBytes};
+  if (W >= kPadRowsMinW) return {PadKernel::kRows, t.pad_rows == 1 ? 1 : 2, 0};
+  return {PadKernel::kFlat, 0, 0};
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Two-pass kernels (group_norm_kernels.cuh): how rows are split over CTAs. docs/decisions/two-pass-split.md.

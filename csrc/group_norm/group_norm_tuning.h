@@ -45,6 +45,7 @@ struct Tuning {
   int dy_nchw = 1;             // 0: copy an NCHW grad_out of a channels_last input instead of reading it in place
   int pdl = 1;                 // 0: plain launches instead of programmatic dependent launches
   int pad_rows = kRule;        // padded output's row kernel: rows per warp trip (1 or 2), their loads in flight together
+  int pad_tile = kRule;        // padded output: 0 never the tile kernel, 1 rule, 2 wherever its rows fit
 };
 
 struct TuningField {
@@ -83,7 +84,8 @@ inline constexpr TuningField kTuningFields[] = {
     {"GNEXT_WIDE_NHWC", &Tuning::wide_nhwc, "channels_last wide forward: 0 never, 1 rule, 2 wherever it fits"},
     {"GNEXT_DY_NCHW", &Tuning::dy_nchw, "0: copy an NCHW grad_out of a channels_last input first"},
     {"GNEXT_PDL", &Tuning::pdl, "0: no programmatic dependent launches"},
-    {"GNEXT_PAD_ROWS", &Tuning::pad_rows, "padded output (group_norm_act_pad), rows of >= 256 elements: rows per warp trip, 1 or 2, their loads in flight together (rule: 2)"},
+    {"GNEXT_PAD_ROWS", &Tuning::pad_rows, "padded output (group_norm_act_pad), row kernel: rows per warp trip, 1 or 2, their loads in flight together (rule: 2)"},
+    {"GNEXT_PAD_TILE", &Tuning::pad_tile, "padded output (group_norm_act_pad): the tile kernel (source rows staged in shared memory by cp.async); 0 never, 1 rule (rows of 16-byte multiples from 256 elements), 2 wherever the rows fit"},
 };
 
 // A Tuning from `lookup(env name)` (null or empty: the default). Unknown names are not looked up.

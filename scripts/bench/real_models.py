@@ -30,7 +30,8 @@ torch.compile(original) with groupnorm_ext.enable_compile_fusion() active while 
 (--variants: a subset, e.g. eager,gnext,gnext-aten without the compiles). Named only: gnext-nopad, the converter
 with pad_into_conv=False (no padded outputs, and CogVideoX's blocks on their own forward); gnext-nomod, the
 converter with CogVideoX's spatial norms and blocks back on their own forwards; gnext-nofold, the converter with
-its convolutions adding their own bias (none left to the padded norm after them). Timing: wall time (host + GPU) of a
+its convolutions adding their own bias (none left to the padded norm after them); gnext-padrows, the converter with
+its padded outputs written by the row kernel (GNEXT_PAD_TILE=0) instead of the tile kernel. Timing: wall time (host + GPU) of a
 batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
@@ -65,9 +66,9 @@ from groupnorm_ext import compile_fusion  # noqa: E402
 
 VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)),
-# without its modulated spatial norms (CogVideoX's, back on their own forwards), and with every convolution adding
-# its own bias.
-EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold")
+# without its modulated spatial norms (CogVideoX's, back on their own forwards), with every convolution adding
+# its own bias, and with its padded outputs written by the row kernel (GNEXT_PAD_TILE=0).
+EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows")
 
 
 def image(size, n):
@@ -237,7 +238,7 @@ def no_caches():
 # machine that span a round cancel.
 PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("compile+fusion", "compile"),
          ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"), ("gnext-nomod", "eager"), ("gnext", "gnext-nomod"),
-         ("gnext", "gnext-nofold"))
+         ("gnext", "gnext-nofold"), ("gnext", "gnext-padrows"))
 
 
 def paired(times):
@@ -299,6 +300,16 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
             if "_gnext_fold_block" in m.__dict__:
                 m.__dict__.pop("forward", None)
         fns["gnext-nofold"] = step_fn(nofold, args, train)
+    if "gnext-padrows" in variants:  # the converter, its padded outputs on the row kernel instead of the tile kernel
+        step = step_fn(conv, args, train)
+
+        def padrows():
+            previous = ge.set_tuning({**ge.tuning(), "GNEXT_PAD_TILE": 0})
+            try:
+                return step()
+            finally:
+                ge.set_tuning(previous)
+        fns["gnext-padrows"] = padrows
     outs, t_compile = {}, {}
     graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
     if "compile" in variants:
@@ -373,7 +384,8 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "compile": "compile ms (x)", "compile+fusion": "compile + fusion ms (x)",
           "gnext-nopad": "gnext eager, no padded outputs ms (x)",
           "gnext-nomod": "gnext eager, no modulated norms ms (x)",
-          "gnext-nofold": "gnext eager, convolutions add their bias ms (x)"}
+          "gnext-nofold": "gnext eager, convolutions add their bias ms (x)",
+          "gnext-padrows": "gnext eager, padded outputs by the row kernel ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):

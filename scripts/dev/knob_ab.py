@@ -12,6 +12,8 @@ for a kernel or launch change behind a knob; speed claims come from scripts/benc
     python scripts/dev/knob_ab.py --col GNEXT_ONEPASS=0 --col GNEXT_ONEPASS=2+GNEXT_ONEPASS_NBUF=4 --shape ...
 --conv: the fused ConvTranspose2d(C -> C, 3x3)+GELU+GroupNorm (L2#19's op) on an input of each shape instead,
 forward and backward (inputs without requires_grad: no autograd graph is kept).
+--pad 1,1,1,1,2,0: group_norm_act_pad's forward (replicate padding, F.pad's order) instead, beside the unpadded
+group_norm_act forward and a copy of the padded output's size (the same under every knob: the reference rows).
 """
 from __future__ import annotations
 
@@ -63,6 +65,16 @@ def cases(shape, G, dtype, fmt, act):
     return out
 
 
+def pad_cases(shape, G, dtype, fmt, act, pad):
+    """(name, fn) of the padded forward for one shape, then the unpadded forward and a copy of the padded size."""
+    x, w, b, _ = make_inputs(shape, dtype, fmt, "cuda")
+    y = ops.group_norm_act_pad(x, G, w, b, 1e-5, act, pad, "replicate", 0.0, None)[0]
+    src = torch.empty_like(y)
+    return [("pad fwd", lambda: ops.group_norm_act_pad(x, G, w, b, 1e-5, act, pad, "replicate", 0.0, None)),
+            (f"{act} fwd", lambda: ops.group_norm_act(x, G, w, b, 1e-5, act, None)),
+            ("copy fwd", lambda: y.copy_(src))]
+
+
 def chain(fn, n, knobs):
     """A function returning the µs per call of n calls of fn captured in one CUDA graph (with the knobs set at
     capture), median of 20 replays."""
@@ -91,6 +103,7 @@ def main():
     ap.add_argument("--no-act", action="store_true", help="GroupNorm only")
     ap.add_argument("--act", default="silu", help="activation of the group_norm_act rows")
     ap.add_argument("--conv", action="store_true", help="the fused ConvTranspose2d+GELU+GroupNorm op instead")
+    ap.add_argument("--pad", metavar="P0,P1,...", help="group_norm_act_pad's forward with this replicate padding instead")
     ap.add_argument("--fwd", action="store_true", help="forward ops only")
     ap.add_argument("--bwd", action="store_true", help="backward ops only")
     ap.add_argument("--graph", type=int, default=0, metavar="N",
@@ -115,8 +128,12 @@ def main():
     print(f"{'shape':34s} {'op':9s} " + " ".join(f"{v:>22s}" for v in values) + "  last/first")
     for spec in args.shape:
         shape, G, dtype, fmt = parse_shape(spec)
-        todo = conv_cases(shape, G, dtype, fmt) if args.conv else cases(shape, G, dtype, fmt,
-                                                                          None if args.no_act else args.act)
+        if args.pad:
+            todo = pad_cases(shape, G, dtype, fmt, args.act, [int(p) for p in args.pad.split(",")])
+        elif args.conv:
+            todo = conv_cases(shape, G, dtype, fmt)
+        else:
+            todo = cases(shape, G, dtype, fmt, None if args.no_act else args.act)
         for name, fn in todo:
             if (args.fwd and not name.endswith("fwd")) or (args.bwd and not name.endswith("bwd")):
                 continue

@@ -3,7 +3,8 @@
 """Small driver for compute-sanitizer (scripts/dev/sanitize.sh): forward + backward of gnext's
 GroupNorm on shapes that take every kernel family (one-pass NCHW/NHWC with and without inter-CTA
 waits, two-pass NCHW/NHWC, the channels_last wide forward, small groups (a CTA per group too), HxW = 1), each checked against float64 so that a sanitizer run also
-fails on wrong results; then group_norm_act and the fused conv op (the kernels' pointwise modes).
+fails on wrong results; then group_norm_act and the fused conv op (the kernels' pointwise modes), and
+group_norm_act_pad's padded passes.
 Sizes are small: the sanitizers slow kernels down 10-100x."""
 import os
 import sys
@@ -113,9 +114,38 @@ def lse_cases():
     return bad
 
 
+def pad_cases():
+    """group_norm_act_pad's forward on its three padded passes (the tile kernel, the row kernel, the flat kernel),
+    replicate and constant padding, vs float64 (F.pad of the activated GroupNorm)."""
+    import torch.nn.functional as F
+
+    bad = 0
+    for tile, shape, pad in (("2", (1, 8, 3, 21, 256), (1, 1, 1, 1, 2, 0)), ("2", (2, 4, 2, 5, 64), (3, 2, 1, 2, 1, 1)),
+                             ("0", (1, 8, 2, 7, 520), (1, 1, 1, 1, 2, 0)), ("0", (2, 4, 3, 9, 30), (1, 1, 1, 1, 2, 0))):
+        set_knob("GNEXT_PAD_TILE", tile)
+        g = torch.Generator(device="cuda").manual_seed(3)
+        x = (torch.randn(shape, device="cuda", generator=g) * 3 + 2).half()
+        w = torch.rand(shape[1], device="cuda", generator=g) + 0.5
+        b = torch.randn(shape[1], device="cuda", generator=g)
+        for mode, value in (("replicate", 0.0), ("constant", -0.5)):
+            out = torch.ops.gnext.group_norm_act_pad(x, 4, w, b, 1e-5, "silu", list(pad), mode, value, None)[0]
+            y = F.silu(F.group_norm(x.double(), 4, w.double(), b.double(), 1e-5))
+            ref = F.pad(y, pad, mode=mode, value=value) if mode == "constant" else F.pad(y, pad, mode=mode)
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            ok = err < 2e-3
+            bad += not ok
+            print(f"pad_tile={tile} group_norm_act_pad {shape} {mode}: max rel err {err:.1e} {'ok' if ok else 'FAIL'}")
+    set_knob("GNEXT_PAD_TILE", "-1")
+    return bad
+
+
 def main():
     bad = lse_cases()
     if os.environ.get("GNEXT_SANITIZE_ONLY") == "lse":  # only the group_norm_act_logsumexp kernels
+        print(f"{bad} failing case(s)")
+        sys.exit(1 if bad else 0)
+    bad += pad_cases()
+    if os.environ.get("GNEXT_SANITIZE_ONLY") == "pad":  # only group_norm_act_pad's kernels (and the statistics')
         print(f"{bad} failing case(s)")
         sys.exit(1 if bad else 0)
     # 2: one-pass wherever it fits (NHWC too); 0: two-pass; wide: the channels_last wide forward
