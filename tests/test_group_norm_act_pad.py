@@ -182,17 +182,14 @@ def test_tile_kernel(dtype, mode, shape, pad, tile, tuning):
 
 
 @pytest.mark.gpu
-def test_tile_kernel_matches_rows():
+def test_tile_kernel_matches_rows(tuning):
     """The tile kernel writes bitwise what the row kernel writes (same coefficients, same per-element arithmetic)."""
     x = torch.randn(1, 32, 5, 64, 512, device="cuda", dtype=torch.float16) * 3 + 2
     w, b = torch.randn(32, device="cuda"), torch.randn(32, device="cuda")
-    prev = ge.set_tuning({"GNEXT_PAD_TILE": 0})
-    try:
-        ref = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
-        ge.set_tuning({"GNEXT_PAD_TILE": 1})
-        out = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
-    finally:
-        ge.set_tuning(prev)
+    tuning.set("GNEXT_PAD_TILE", 0)
+    ref = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
+    tuning.set("GNEXT_PAD_TILE", 1)
+    out = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
     assert torch.equal(out, ref)
 
 

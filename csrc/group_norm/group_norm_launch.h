@@ -369,8 +369,8 @@ enum class PadKernel : int { kFlat, kRows, kTiles };
 struct PadPlan {
   PadKernel kernel;
   int rows_per_warp;
-  int tile_bytes;  // kTiles: bytes of source rows per stage
 };
+constexpr int kPadTileBytes = 16384;  // kTiles: bytes of source rows per stage
 // out = act(coef.y * (x' - coef.x) + coef.w) at the source element x' of each output element (replicate: the
 // clamped index), `value` where constant padding has none. pw: an output activation only (no prologue, no residual).
 cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, void* out, const float* coef,

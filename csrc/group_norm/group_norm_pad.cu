@@ -339,10 +339,9 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
   size_t smem = 0;
   switch (plan.kernel) {
     case PadKernel::kTiles: {  // persistent CTAs, as many per SM as the stages' shared memory allows (at most 8)
-      if ((s.W * esize) % 16 != 0 || s.W * esize > plan.tile_bytes || (reinterpret_cast<uintptr_t>(x) & 15) != 0 ||
-          plan.tile_bytes % 16 != 0)
+      if ((s.W * esize) % 16 != 0 || s.W * esize > kPadTileBytes || (reinterpret_cast<uintptr_t>(x) & 15) != 0)
         return cudaErrorInvalidValue;
-      rb = static_cast<int>(plan.tile_bytes / (s.W * esize));
+      rb = static_cast<int>(kPadTileBytes / (s.W * esize));
       blocks = static_cast<int>((s.H + rb - 1) / rb);
       units = s.NC * s.D * blocks;
       stage_elems = static_cast<int>(rb * pad_tile_row(s.W, 16 / esize));

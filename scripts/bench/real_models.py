@@ -61,8 +61,10 @@ import torch.nn.functional as F
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import groupnorm_ext as ge  # noqa: E402
 from groupnorm_ext import compile_fusion  # noqa: E402
+from timing import with_tuning  # noqa: E402
 
 VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)),
@@ -301,15 +303,7 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
                 m.__dict__.pop("forward", None)
         fns["gnext-nofold"] = step_fn(nofold, args, train)
     if "gnext-padrows" in variants:  # the converter, its padded outputs on the row kernel instead of the tile kernel
-        step = step_fn(conv, args, train)
-
-        def padrows():
-            previous = ge.set_tuning({**ge.tuning(), "GNEXT_PAD_TILE": 0})
-            try:
-                return step()
-            finally:
-                ge.set_tuning(previous)
-        fns["gnext-padrows"] = padrows
+        fns["gnext-padrows"] = with_tuning(step_fn(conv, args, train), GNEXT_PAD_TILE=0)
     outs, t_compile = {}, {}
     graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
     if "compile" in variants:
