@@ -14,6 +14,8 @@ for a kernel or launch change behind a knob; speed claims come from scripts/benc
 forward and backward (inputs without requires_grad: no autograd graph is kept).
 --pad 1,1,1,1,2,0: group_norm_act_pad's forward (replicate padding, F.pad's order) instead, beside the unpadded
 group_norm_act forward and a copy of the padded output's size (the same under every knob: the reference rows).
+--peers: with the SiLU forward, the Triton GN+SiLU kernels of sglang and vllm-omni (scripts/bench/peers.py, loaded
+from .peers/) as reference rows in the same rounds.
 """
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ def conv_cases(shape, G, dtype, fmt):
                                                                                G, "none", [True] * 5))]
 
 
-def cases(shape, G, dtype, fmt, act):
-    """(name, fn) of the ops timed for one shape (act: the group_norm_act activation, or None)."""
+def cases(shape, G, dtype, fmt, act, peers=None):
+    """(name, fn) of the ops timed for one shape (act: the group_norm_act activation, or None; peers: name ->
+    GN+SiLU function, timed after gnext's SiLU forward, under no_grad: with grad on they fall back to eager)."""
     x, w, b, dy = make_inputs(shape, dtype, fmt, "cuda")
     y, mean, rstd = ops.group_norm(x, G, w, b, 1e-5)
     out = [("gn fwd", lambda: ops.group_norm(x, G, w, b, 1e-5)),
@@ -62,6 +65,9 @@ def cases(shape, G, dtype, fmt, act):
         out += [(f"{act} fwd", lambda: ops.group_norm_act(x, G, w, b, 1e-5, act, None)),
                 (f"{act} bwd", lambda: ops.group_norm_act_backward(dy, x, mean_a, rstd_a, w, b, G, act,
                                                                  [True, True, True]))]
+        if act == "silu":
+            for name, fn in (peers or {}).items():
+                out.insert(len(out) - 1, (f"{name} fwd", torch.no_grad()(lambda fn=fn: fn(x, w, b, G, 1e-5))))
     return out
 
 
@@ -107,6 +113,7 @@ def main():
     ap.add_argument("--pad", metavar="P0,P1,...", help="group_norm_act_pad's forward with this replicate padding instead")
     ap.add_argument("--fwd", action="store_true", help="forward ops only")
     ap.add_argument("--bwd", action="store_true", help="backward ops only")
+    ap.add_argument("--peers", action="store_true", help="sglang's and vllm-omni's GN+SiLU beside the SiLU forward")
     ap.add_argument("--graph", type=int, default=0, metavar="N",
                     help="time N back-to-back calls captured in one CUDA graph (per call; no L2 flush: the GPU "
                          "time of a chain of ops, as in a compiled model) instead of single calls")
@@ -123,6 +130,10 @@ def main():
         knob = "; ".join(f"{v} = {c}" for v, c in zip(values, args.col))
     timer = Timer("cuda")
     rng = random.Random(0)
+    peers = {}
+    if args.peers:
+        from peers import load
+        peers = load()
     how = f"{args.graph} calls in a CUDA graph, per call" if args.graph else "CUDA events, L2 flushed"
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; us per op call ({how}), "
           f"median [min-max] of {args.rounds} rounds; columns: {knob}")
@@ -134,7 +145,7 @@ def main():
         elif args.conv:
             todo = conv_cases(shape, G, dtype, fmt)
         else:
-            todo = cases(shape, G, dtype, fmt, None if args.no_act else args.act)
+            todo = cases(shape, G, dtype, fmt, None if args.no_act else args.act, peers)
         for name, fn in todo:
             if (args.fwd and not name.endswith("fwd")) or (args.bwd and not name.endswith("bwd")):
                 continue

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
 """Run one gnext GroupNorm op a few times for Nsight Compute (scripts/dev/ncu_gaps.sh).
-    python scripts/dev/ncu_case.py N,C,H,W G dtype {nchw,cl} {fwd,bwd,convfwd} [--two-pass]
+    python scripts/dev/ncu_case.py N,C,H,W G dtype {nchw,cl} {fwd,bwd,convfwd} [--two-pass] [--act silu]
+--act: group_norm_act's forward with that activation instead of group_norm's (fwd only).
 convfwd: the fused ConvTranspose2d(C -> C, 3x3)+GELU+GroupNorm forward on an input of that shape (L2#19's
 op; its GroupNorm runs on the (N, C, H+2, W+2) conv output)."""
 import os
@@ -27,6 +28,8 @@ for _ in range(2):
     if direction == "convfwd":
         torch.ops.gnext.conv_transpose2d_gelu_group_norm(x, cw, w, [1, 1], [0, 0], [0, 0], [1, 1], 1, G, w, w,
                                                          1e-5, "none")
+    elif direction == "fwd" and "--act" in sys.argv:
+        torch.ops.gnext.group_norm_act(x, G, w, w, 1e-5, sys.argv[sys.argv.index("--act") + 1], None)
     elif direction == "fwd":
         torch.ops.gnext.group_norm(x, G, w, w, 1e-5)
     else:
