@@ -90,6 +90,26 @@ def test_bulk_rule():
 
 
 @needs_planner
+def test_bulk_streamed_activation_rule():
+    """On the H200 (>= 3.8 TB/s) a streamed NCHW bulk forward with an output activation is planned on float32 only:
+    on 2-byte elements the consumer warps' activation math sets its pace, and two-pass is faster
+    (bulk_stream_act_pays; docs/decisions/bulk.md). Held slices keep the bulk forward with an activation, the H100
+    keeps its streamed plan, and GroupNorm alone keeps the streamed plan on the H200."""
+    for spec in ("1,256,1024,1024:32:bfloat16", "2,128,1024,1024:16:float16"):
+        fwd, _, text = _plan(spec, "h200", "silu")
+        assert fwd == "two-pass" and "consumer warps' math" in text.split("backward:")[0], text
+        assert _plan(spec, "h200", "gelu")[0] == "two-pass", spec
+        assert _plan(spec, "h200")[0] == "bulk", spec
+        fwd, _, text = _plan(spec, "h100", "silu")
+        assert fwd == "bulk" and "streamed" in text.split("backward:")[0], text
+    fwd, _, text = _plan("1,512,512,512:32:float32", "h200", "silu")
+    assert fwd == "bulk" and "streamed" in text.split("backward:")[0], text
+    for spec in ("1,128,1024,1024:32:float16", "1,192,1024,1024:32:float16"):
+        fwd, _, text = _plan(spec, "h200", "silu")
+        assert fwd == "bulk" and "streamed" not in text.split("backward:")[0], text
+
+
+@needs_planner
 def test_bulk_teams_rule(tuning):
     """The bulk forward in teams (docs/decisions/bulk.md): where one team of every CTA gives slices too short, the
     most teams (>= 4 CTAs and >= 2 groups each) whose slices the ring holds at look-ahead 2, in 4 KiB copies on both
