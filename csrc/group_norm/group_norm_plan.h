@@ -589,13 +589,18 @@ constexpr int kBulkAheadFast = 2;
 // Example: 1x256x1024x1024 bf16 on the H200: 16 MiB groups; 16 KiB: 8 chunks per CTA in 14 stages, streamed, 5 of
 // them read again (20.6 MiB in flight: over a quarter of its 60 MiB L2); 8 KiB: 16 chunks in 28 stages, hold 10,
 // 6 read again (12.4 MiB): streamed in 8 KiB copies. Not with an output activation on 2-byte elements
-// (bulk_stream_act_pays): there the consumer warps' math, not the copies, sets the pace, and two-pass is faster.
+// (bulk_act_pays): there the consumer warps' math, not the copies, sets the pace, and two-pass is faster.
 constexpr int kBulkChunkStreamFast = 8192;
-// A streamed NCHW bulk forward with an output activation pays on float32 only, on >= 3.8 TB/s parts. On 2-byte elements
-// each 4 KiB part carries twice the elements, and the activation (two MUFU operations per element for SiLU) makes
-// the consumer warps the bottleneck. Example, H200, 1x256x1024x1024 bf16 GN+SiLU: streamed bulk 426.0 us, two-pass
-// 407.0; float32 1x512x512x512: bulk 379.2, two-pass 409.6 (docs/decisions/bulk.md).
-constexpr bool bulk_stream_act_pays(int act, int64_t esize) { return act == kActIdentity || esize >= 4; }
+// With an output activation on 2-byte elements, on >= 3.8 TB/s parts, the NCHW bulk forward pays only on slices held
+// by one team: streamed slices and teams go two-pass (plan_forward), where the consumer warps' activation math (two
+// MUFU operations per element for SiLU; a 4 KiB part carries twice the float32 elements) set the bulk forward's pace.
+// GroupNorm alone, ReLU (no MUFU work; not measured) and float32 keep every bulk plan; GNEXT_BULK=2 forces it.
+// Example, H200, GN+SiLU, bulk / two-pass us: 1x256x1024x1024 bf16 (streamed) 426.0 / 407.0; 112x64x256x256 bf16
+// (teams) 729.1 / 681.8; 1x128x1024x1024 fp16 (held, kept) 206.8 / 213.6 (docs/decisions/bulk.md).
+constexpr bool bulk_act_light(int act, int64_t esize) { return act == kActIdentity || act == kActRelu || esize >= 4; }
+constexpr bool bulk_act_pays(int act, int64_t esize, bool stream, bool one_team) {
+  return bulk_act_light(act, esize) || (!stream && one_team);
+}
 
 // Teams (forward): the grid is cut into teams of CTAs, team t taking groups t, t + teams, ...: each team's
 // grid-wide chain per group overlaps the others', and each CTA's slice is longer than with one team. The most teams
@@ -690,7 +695,6 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   g.smem = header + static_cast<size_t>(g.stages * stage_bytes);
   if ((bwd ? t.bulk_bwd : t.bulk) == 2) return g;
   if (cnt * g.parts < (bwd ? kBulkMinChunksBwd : kBulkMinChunks)) return std::nullopt;
-  if (fast && !bwd && g.stream && header == kBulkHeader && !bulk_stream_act_pays(r.act, esize)) return std::nullopt;
   if (fast && !bwd && g.stream && g.chunk == kBulkChunkFast && t.bulk_chunk <= 0) {
     Tuning half = t;
     half.bulk_chunk = kBulkChunkStreamFast;
@@ -791,6 +795,12 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
   }
   if (!plan.nhwc)
     if (const auto g = bulk_geometry(p, r, false, d, t)) {
+      if (!persistent_kernels_pay(d.peak_gbs) && t.bulk != 2 &&
+          !bulk_act_pays(r.act, r.esize, g->stream, g->team == g->grid)) {
+        plan.why = "two-pass: with an output activation on 2-byte elements the bulk forward's consumer warps' math "
+                   "sets its pace on streamed slices and in teams (>= 3.8 TB/s)";
+        return two_pass(plan, p, r, false, d, t);
+      }
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
       plan.why = g->team != g->grid
                      ? "bulk in teams: one team of every CTA would cut the groups into slices too short, so teams of "
@@ -838,13 +848,6 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
   plan.why = !plan.nhwc && !persistent_kernels_pay(d.peak_gbs)
                  ? "two-pass: peak bandwidth >= 3.8 TB/s, the persistent kernels' bytes in flight do not keep up"
                  : "two-pass: no persistent plan fits or pays";
-  if (!plan.nhwc && !persistent_kernels_pay(d.peak_gbs) && !bulk_stream_act_pays(r.act, r.esize)) {
-    Request plain = r;
-    plain.act = kActIdentity;
-    if (const auto g = bulk_geometry(p, plain, false, d, t); g && g->stream)
-      plan.why = "two-pass: the bulk forward would stream these slices, and with an output activation on 2-byte "
-                 "elements its consumer warps' math sets the pace (>= 3.8 TB/s)";
-  }
   return two_pass(plan, p, r, false, d, t);
 }
 
