@@ -591,15 +591,15 @@ constexpr int kBulkAheadFast = 2;
 // 6 read again (12.4 MiB): streamed in 8 KiB copies. Not with an output activation on 2-byte elements
 // (bulk_act_pays): there the consumer warps' math, not the copies, sets the pace, and two-pass is faster.
 constexpr int kBulkChunkStreamFast = 8192;
-// With an output activation on 2-byte elements, on >= 3.8 TB/s parts, the NCHW bulk forward pays only on slices held
-// by one team: streamed slices and teams go two-pass (plan_forward), where the consumer warps' activation math (two
-// MUFU operations per element for SiLU; a 4 KiB part carries twice the float32 elements) set the bulk forward's pace.
-// GroupNorm alone, ReLU (no MUFU work; not measured) and float32 keep every bulk plan; GNEXT_BULK=2 forces it.
-// Example, H200, GN+SiLU, bulk / two-pass us: 1x256x1024x1024 bf16 (streamed) 426.0 / 407.0; 112x64x256x256 bf16
-// (teams) 729.1 / 681.8; 1x128x1024x1024 fp16 (held, kept) 206.8 / 213.6 (docs/decisions/bulk.md).
-constexpr bool bulk_act_light(int act, int64_t esize) { return act == kActIdentity || act == kActRelu || esize >= 4; }
-constexpr bool bulk_act_pays(int act, int64_t esize, bool stream, bool one_team) {
-  return bulk_act_light(act, esize) || (!stream && one_team);
+// With an output activation on 2-byte elements, on >= 3.8 TB/s parts, the NCHW bulk forward pays only on slices it
+// holds: streamed slices go two-pass (plan_forward). There the consumer warps' activation math (two MUFU operations
+// per element for SiLU; a 4 KiB part carries twice the float32 elements) sets the streamed kernel's pace. GroupNorm
+// alone, ReLU (no MUFU work; not measured), float32 and held slices keep the bulk plans, teams included (they lost
+// to two-pass on 1-4 MiB groups but won by 25% on 512 KB ones); GNEXT_BULK=2 forces it. Example, H200, GN+SiLU,
+// bulk / two-pass us: 1x256x1024x1024 bf16 (streamed) 426.0 / 407.0; 1x128x1024x1024 fp16 (held) 206.8 / 213.6;
+// 16x256x16000 bf16 (teams) 120.7 / 150.6 (docs/decisions/bulk.md).
+constexpr bool bulk_act_pays(int act, int64_t esize, bool stream) {
+  return act == kActIdentity || act == kActRelu || esize >= 4 || !stream;
 }
 
 // Teams (forward): the grid is cut into teams of CTAs, team t taking groups t, t + teams, ...: each team's
@@ -796,9 +796,9 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
   if (!plan.nhwc)
     if (const auto g = bulk_geometry(p, r, false, d, t)) {
       if (!persistent_kernels_pay(d.peak_gbs) && t.bulk != 2 &&
-          !bulk_act_pays(r.act, r.esize, g->stream, g->team == g->grid)) {
+          !bulk_act_pays(r.act, r.esize, g->stream)) {
         plan.why = "two-pass: with an output activation on 2-byte elements the bulk forward's consumer warps' math "
-                   "sets its pace on streamed slices and in teams (>= 3.8 TB/s)";
+                   "sets its pace on streamed slices (>= 3.8 TB/s)";
         return two_pass(plan, p, r, false, d, t);
       }
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
