@@ -90,23 +90,16 @@ def test_bulk_rule():
 
 
 @needs_planner
-def test_bulk_activation_rule(tuning):
-    """On the H200 (>= 3.8 TB/s) a GroupNorm+activation forward on 2-byte elements whose bulk slices would stream goes
-    two-pass, where the consumer warps' activation math sets the bulk forward's pace (bulk_act_pays;
-    docs/decisions/bulk.md). GroupNorm alone, ReLU, float32, held slices (teams included), the H100 and GNEXT_BULK=2
-    keep the bulk plans."""
-    for spec in ("1,256,1024,1024:32:bfloat16", "2,128,1024,1024:16:float16"):
-        for act in ("silu", "gelu"):
+def test_bulk_rule_with_activation():
+    """An output activation does not change the bulk forward's plans: on the H200, 16 MiB groups stream in 8 KiB
+    copies, held slices and teams stay, on 2-byte elements as on float32 (the 2-byte activation forwards' normalize
+    keeps a loop without channel bookkeeping for that: docs/decisions/bulk.md)."""
+    for act in ("silu", "gelu"):
+        for spec in ("1,256,1024,1024:32:bfloat16", "2,128,1024,1024:16:float16", "1,512,512,512:32:float32"):
             fwd, _, text = _plan(spec, "h200", act)
-            assert fwd == "two-pass" and "consumer warps' math" in text.split("backward:")[0], (spec, act, text)
-        assert _plan(spec, "h200")[0] == "bulk", spec
-        assert _plan(spec, "h200", "relu")[0] == "bulk", spec
-        assert _plan(spec, "h100", "silu")[0] == "bulk", spec
-    for spec in ("1,512,512,512:32:float32", "128,64,258,258:8:float32", "1,128,1024,1024:32:float16",
-                 "1,192,1024,1024:32:float16", "112,64,256,256:8:bfloat16", "16,256,16000:16:bfloat16"):
-        assert _plan(spec, "h200", "silu")[0] == "bulk", spec
-    tuning.set("GNEXT_BULK", "2")
-    assert _plan("1,256,1024,1024:32:bfloat16", "h200", "silu")[0] == "bulk"
+            assert fwd == "bulk" and "streamed: 10 chunks" in text.split("backward:")[0], (spec, text)
+        for spec in ("1,128,1024,1024:32:float16", "112,64,256,256:8:bfloat16", "16,256,16000:16:bfloat16"):
+            assert _plan(spec, "h200", act)[0] == "bulk", spec
 
 
 @needs_planner

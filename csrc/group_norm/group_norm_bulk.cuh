@@ -332,45 +332,57 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       const T* ru = res != nullptr ? res + u * L + e0 : nullptr;
       // A chunk lies in one channel unless it straddles a channel boundary: gamma/beta once per chunk, or, where it
       // straddles, reloaded by each lane where its channel changes (its vectors lie 32 apart; a load per vector
-      // stalled the warp, and with it the whole team, on every straddling chunk).
+      // stalled the warp, and with it the whole team, on every straddling chunk). With an activation on 2-byte
+      // elements the chunks in one channel take a loop without that bookkeeping: inside it, it cost those forwards
+      // 2-9% on the H200; GroupNorm alone and float32 were 1-4% slower with the second loop (docs/decisions/bulk.md).
       const int ca = static_cast<int>(hw.div(static_cast<uint32_t>(e0)));
       const bool one = static_cast<int64_t>(ca + 1) * static_cast<int64_t>(hw.divisor) >= e0 + n * V;
-      int cur = ca;
       float scale = ms.y * load_param(a.gamma, a.wt, c0 + ca, 1.f), shift = load_param(a.beta, a.wt, c0 + ca, 0.f);
-      for (int v0 = lane; v0 < n; v0 += 4 * 32) {
-        uint4 r[4], rr[4];  // x from shared memory, the residual from global memory: all loads first
+      auto run = [&](auto straddles) {
+        int cur = ca;
+        for (int v0 = lane; v0 < n; v0 += 4 * 32) {
+          uint4 r[4], rr[4];  // x from shared memory, the residual from global memory: all loads first
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (v0 + 32 * j < n) {
-            r[j] = again ? ldg_hint(xg + (v0 + 32 * j) * V, drop) : src[v0 + 32 * j];
-            if (ru != nullptr) rr[j] = ldg_hint(ru + (v0 + 32 * j) * V, drop);
-          }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int v = v0 + 32 * j;
-          if (v >= n) break;
-          if (!one) {
-            const int c = static_cast<int>(hw.div(static_cast<uint32_t>(e0 + v * V)));
-            if (c != cur) {
-              cur = c;
-              scale = ms.y * load_param(a.gamma, a.wt, c0 + c, 1.f), shift = load_param(a.beta, a.wt, c0 + c, 0.f);
+          for (int j = 0; j < 4; ++j)
+            if (v0 + 32 * j < n) {
+              r[j] = again ? ldg_hint(xg + (v0 + 32 * j) * V, drop) : src[v0 + 32 * j];
+              if (ru != nullptr) rr[j] = ldg_hint(ru + (v0 + 32 * j) * V, drop);
             }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int v = v0 + 32 * j;
+            if (v >= n) break;
+            if (decltype(straddles)::value && !one) {
+              const int c = static_cast<int>(hw.div(static_cast<uint32_t>(e0 + v * V)));
+              if (c != cur) {
+                cur = c;
+                scale = ms.y * load_param(a.gamma, a.wt, c0 + c, 1.f), shift = load_param(a.beta, a.wt, c0 + c, 0.f);
+              }
+            }
+            Vec q, o;
+            q.raw = r[j];
+            float f[V];
+#pragma unroll
+            for (int e = 0; e < V; ++e) f[e] = act_apply<A>(fmaf(to_float(q.v[e]) - ms.x, scale, shift));
+            if (ru != nullptr) {
+              Vec rv;
+              rv.raw = rr[j];
+#pragma unroll
+              for (int e = 0; e < V; ++e) f[e] += to_float(rv.v[e]);
+            }
+#pragma unroll
+            for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(f[e]);
+            stg_hint(ou + v * V, o.raw, drop);
           }
-          Vec q, o;
-          q.raw = r[j];
-          float f[V];
-#pragma unroll
-          for (int e = 0; e < V; ++e) f[e] = act_apply<A>(fmaf(to_float(q.v[e]) - ms.x, scale, shift));
-          if (ru != nullptr) {
-            Vec rv;
-            rv.raw = rr[j];
-#pragma unroll
-            for (int e = 0; e < V; ++e) f[e] += to_float(rv.v[e]);
-          }
-#pragma unroll
-          for (int e = 0; e < V; ++e) o.v[e] = static_cast<T>(f[e]);
-          stg_hint(ou + v * V, o.raw, drop);
         }
+      };
+      if constexpr (sizeof(T) == 2 && A != kActIdentity) {
+        if (one)
+          run(std::false_type{});
+        else
+          run(std::true_type{});
+      } else {
+        run(std::true_type{});
       }
       if (!again) release_stage(&empty[st], lane);
     }

@@ -588,19 +588,8 @@ constexpr int kBulkAheadFast = 2;
 // stages, so more of each slice is held and less read again from L2.
 // Example: 1x256x1024x1024 bf16 on the H200: 16 MiB groups; 16 KiB: 8 chunks per CTA in 14 stages, streamed, 5 of
 // them read again (20.6 MiB in flight: over a quarter of its 60 MiB L2); 8 KiB: 16 chunks in 28 stages, hold 10,
-// 6 read again (12.4 MiB): streamed in 8 KiB copies. Not with an output activation on 2-byte elements
-// (bulk_act_pays): there the consumer warps' math, not the copies, sets the pace, and two-pass is faster.
+// 6 read again (12.4 MiB): streamed in 8 KiB copies.
 constexpr int kBulkChunkStreamFast = 8192;
-// With an output activation on 2-byte elements, on >= 3.8 TB/s parts, the NCHW bulk forward pays only on slices it
-// holds: streamed slices go two-pass (plan_forward). There the consumer warps' activation math (two MUFU operations
-// per element for SiLU; a 4 KiB part carries twice the float32 elements) sets the streamed kernel's pace. GroupNorm
-// alone, ReLU (no MUFU work; not measured), float32 and held slices keep the bulk plans, teams included (they lost
-// to two-pass on 1-4 MiB groups but won by 25% on 512 KB ones); GNEXT_BULK=2 forces it. Example, H200, GN+SiLU,
-// bulk / two-pass us: 1x256x1024x1024 bf16 (streamed) 426.0 / 407.0; 1x128x1024x1024 fp16 (held) 206.8 / 213.6;
-// 16x256x16000 bf16 (teams) 120.7 / 150.6 (docs/decisions/bulk.md).
-constexpr bool bulk_act_pays(int act, int64_t esize, bool stream) {
-  return act == kActIdentity || act == kActRelu || esize >= 4 || !stream;
-}
 
 // Teams (forward): the grid is cut into teams of CTAs, team t taking groups t, t + teams, ...: each team's
 // grid-wide chain per group overlaps the others', and each CTA's slice is longer than with one team. The most teams
@@ -795,12 +784,6 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
   }
   if (!plan.nhwc)
     if (const auto g = bulk_geometry(p, r, false, d, t)) {
-      if (!persistent_kernels_pay(d.peak_gbs) && t.bulk != 2 &&
-          !bulk_act_pays(r.act, r.esize, g->stream)) {
-        plan.why = "two-pass: with an output activation on 2-byte elements the bulk forward's consumer warps' math "
-                   "sets its pace on streamed slices (>= 3.8 TB/s)";
-        return two_pass(plan, p, r, false, d, t);
-      }
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
       plan.why = g->team != g->grid
                      ? "bulk in teams: one team of every CTA would cut the groups into slices too short, so teams of "
