@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       mbar_arrive(&posted[slot]);
     }
   };
+  const bool few_straddles = static_cast<int64_t>(hw.divisor) * static_cast<int64_t>(sizeof(T)) >= 16 * g.chunk;
   auto normalize = [&](int64_t k) {
     const int slot = static_cast<int>(k % kBulkSlots);
     mbar_wait(&ready[slot], static_cast<uint32_t>((k / kBulkSlots) & 1));
@@ -333,8 +334,9 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
       // A chunk lies in one channel unless it straddles a channel boundary: gamma/beta once per chunk, or, where it
       // straddles, reloaded by each lane where its channel changes (its vectors lie 32 apart; a load per vector
       // stalled the warp, and with it the whole team, on every straddling chunk). With an activation on 2-byte
-      // elements the chunks in one channel take a loop without that bookkeeping: inside it, it cost those forwards
-      // 2-9% on the H200; GroupNorm alone and float32 were 1-4% slower with the second loop (docs/decisions/bulk.md).
+      // elements, where channels span 16 chunks or more, the chunks in one channel take a loop without that
+      // bookkeeping: inside it, it cost those forwards 4-10%. GroupNorm alone, float32 and channels of ~8 chunks
+      // (16x256x16000 bf16: every 8th chunk straddles) were 1-8% slower with the second loop (docs/decisions/bulk.md).
       const int ca = static_cast<int>(hw.div(static_cast<uint32_t>(e0)));
       const bool one = static_cast<int64_t>(ca + 1) * static_cast<int64_t>(hw.divisor) >= e0 + n * V;
       float scale = ms.y * load_param(a.gamma, a.wt, c0 + ca, 1.f), shift = load_param(a.beta, a.wt, c0 + ca, 0.f);
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1)
         }
       };
       if constexpr (sizeof(T) == 2 && A != kActIdentity) {
-        if (one)
+        if (one && few_straddles)
           run(std::false_type{});
         else
           run(std::true_type{});
