@@ -34,7 +34,7 @@ def convert_group_norm(module: nn.Module, *, return_counts: bool = False):
     Args:
         module: any ``nn.Module``.
         return_counts: also return the counts ``{"group_norm": n, "group_norm_act": 0,
-            "resnet_block2d": 0, "pad_into_conv": 0, "spatial_norm": 0, "skipped": n}`` (the keys of
+            "resnet_block2d": 0, "pad_into_conv": 0, "spatial_norm": 0, "stream_bias": 0, "skipped": n}`` (the keys of
             :func:`convert_group_norm_act`).
 
     Returns:
@@ -121,7 +121,7 @@ def _from_group_norm(cls, m, *extra, **kwargs) -> nn.GroupNorm:
 
 def _new_counts() -> dict:
     return {"group_norm": 0, "group_norm_act": 0, "resnet_block2d": 0, "pad_into_conv": 0, "spatial_norm": 0,
-            "skipped": 0}
+            "stream_bias": 0, "skipped": 0}
 
 
 def _convert(module: nn.Module, counts: dict, act: bool, blocks: bool = False, into_conv: bool = False) -> nn.Module:
@@ -204,14 +204,21 @@ def convert_group_norm_act(module: nn.Module, *, blocks: bool = True, return_cou
     * with ``blocks=True`` and ``pad_into_conv``, diffusers' ``CogVideoXResnetBlock3D``: each spatial norm -> SiLU
       writes its output straight into its causal convolution's input buffer, after the cached frames that the
       convolution would concatenate before it (both counted as ``pad_into_conv``), where no gradient is needed
-      (the block's own forward otherwise). Its and the convolution's source are checked as above.
+      (the block's own forward otherwise). Its and the convolution's source are checked as above;
+    * with ``example_inputs`` and ``pad_into_conv``, diffusers' ``HunyuanVideoResnetBlockCausal3D`` and
+      ``HunyuanVideoUpsampleCausal3D`` (source checked against 0.35.1), where no gradient is needed: an up-sampler
+      writes its convolution's replicate-padded input in one buffer (no interpolated, concatenated and padded
+      copies), and a block whose every output went only into such blocks or a padded norm (the trace shows it)
+      returns it without its convolutions' biases: the next block's padded norm adds them as it reads, its residual
+      sum and convolutions carry them on (counted as ``stream_bias``). Called by itself, a block adds its own.
 
     Args:
         module: any ``nn.Module``.
         blocks: fuse the pairs inside diffusers ``ResnetBlock2D`` blocks.
         return_counts: also return ``{"group_norm": n, "group_norm_act": n, "resnet_block2d": n,
-            "pad_into_conv": n, "spatial_norm": n, "skipped": n}`` (``pad_into_conv``: fused norms that write padded
-            outputs; ``spatial_norm``: modulated norms, with their activation where it was paired).
+            "pad_into_conv": n, "spatial_norm": n, "stream_bias": n, "skipped": n}`` (``pad_into_conv``: fused norms
+            that write padded outputs; ``spatial_norm``: modulated norms, with their activation where it was paired;
+            ``stream_bias``: blocks that leave their biases to the next).
         example_inputs: arguments of one forward of ``module`` (run under ``torch.no_grad``) to find the
             GroupNorm -> activation pairs by what the forward does (module calls and the ops that consume each
             GroupNorm output).
@@ -280,10 +287,9 @@ class _PaddedGroupNormAct(_GatedGroupNormAct):
         ib: torch.Tensor | None = None
         if conv is not None and getattr(input, "_gnext_bias_from", None) is conv:
             ib = getattr(conv, "bias")
+        ib = _add(ib, _pending(input))  # a residual stream's biases (_hy_resnet_forward)
         if residual is not None or torch.compiler.is_compiling():
-            if ib is not None:
-                input = input + channel_view(ib, input)
-            return super().forward(input, residual)
+            return super().forward(_with_pending(input, ib), residual)
         pad, mode, value = self.__dict__["_pad"]
         padded = group_norm_act_pad(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, pad,
                                     mode, value, input_bias=ib)
@@ -337,6 +343,14 @@ def _block_exit(block, _args, _output):
         block.__dict__["_gnext_running"] -= 1
 
 
+def _track_running(block: nn.Module) -> None:
+    """block.__dict__["_gnext_running"] counts its forwards in progress (hooks, once per block)."""
+    if "_gnext_running" not in block.__dict__:
+        block.__dict__["_gnext_running"] = 0
+        block.register_forward_pre_hook(_block_enter)
+        block.register_forward_hook(_block_exit, always_call=True)
+
+
 def _fold_bias(module: nn.Module, names: dict, conv: nn.Module, norm: nn.Module, fused: nn.Module) -> None:
     """conv (its outputs went only into norm, a GroupNorm of module that fused, the padded norm, replaces) runs
     without its bias inside the smallest module of `module` holding both, and fused adds the bias
@@ -346,13 +360,244 @@ def _fold_bias(module: nn.Module, names: dict, conv: nn.Module, norm: nn.Module,
     while k < min(len(a), len(b)) and a[k] == b[k]:
         k += 1
     block = module.get_submodule(".".join(a[:k]))
-    if "_gnext_running" not in block.__dict__:
-        block.__dict__["_gnext_running"] = 0
-        block.register_forward_pre_hook(_block_enter)
-        block.register_forward_hook(_block_exit, always_call=True)
+    _track_running(block)
     conv.__dict__["_gnext_fold_block"] = (block, ".".join(b[k:]), fused)
     conv.forward = types.MethodType(_bias_deferred_forward, conv)
     fused.__dict__["_bias_conv"] = conv
+
+
+# --- diffusers HunyuanVideo: convolution biases carried down the residual stream ---------------------------------
+# A HunyuanVideoResnetBlockCausal3D returns conv2(...) + residual and a HunyuanVideoUpsampleCausal3D returns conv(...):
+# PyTorch adds each convolution's bias in a broadcast pass over its output. Where the trace shows that such a block's
+# output goes only into blocks that know the form below (the next resnet block or up-sampler, or a padded norm), the
+# block returns its output without those biases and marks it with the per-channel vector still to add ("pending",
+# float32, (C,)). The next block carries it on: its norm1 adds it as it reads (input_bias), its residual sum carries
+# it to the output's vector, a 1x1x1 shortcut or the up-sampler's convolution folds it into its own bias (a constant
+# channel through replicate padding and nearest upsampling stays constant: conv(x + p) = conv(x) + sum_k W p). Only
+# where no gradient is needed, and only while the smallest module holding the block and those consumers runs (a
+# block called by itself adds its vector). Forwards checked against diffusers' source (0.35.1).
+_HY_RESNET = (
+    "hidden_states = hidden_states.contiguous()\n        residual = hidden_states\n\n"
+    "        hidden_states = self.norm1(hidden_states)\n        hidden_states = self.nonlinearity(hidden_states)\n"
+    "        hidden_states = self.conv1(hidden_states)\n\n"
+    "        hidden_states = self.norm2(hidden_states)\n        hidden_states = self.nonlinearity(hidden_states)\n"
+    "        hidden_states = self.dropout(hidden_states)\n        hidden_states = self.conv2(hidden_states)\n\n"
+    "        if self.conv_shortcut is not None:\n            residual = self.conv_shortcut(residual)\n\n"
+    "        hidden_states = hidden_states + residual\n        return hidden_states",)
+_HY_UPSAMPLE = (
+    "first_frame, other_frames = hidden_states.split((1, num_frames - 1), dim=2)",
+    "first_frame = F.interpolate(\n            first_frame.squeeze(2), scale_factor=self.upsample_factor[1:], "
+    'mode="nearest"\n        ).unsqueeze(2)',
+    "other_frames = other_frames.contiguous()\n            other_frames = F.interpolate(other_frames, "
+    'scale_factor=self.upsample_factor, mode="nearest")\n'
+    "            hidden_states = torch.cat((first_frame, other_frames), dim=2)\n        else:\n"
+    "            hidden_states = first_frame\n\n        hidden_states = self.conv(hidden_states)\n"
+    "        return hidden_states")
+_HY_CAUSAL_CONV = ("hidden_states = F.pad(hidden_states, self.time_causal_padding, mode=self.pad_mode)\n"
+                   "        return self.conv(hidden_states)",)
+
+
+def _diffusers_class(m, name: str) -> bool:
+    cls = type(m)
+    return cls.__name__ == name and cls.__module__.startswith("diffusers.")
+
+
+def _hy_causal_conv(m) -> bool:
+    """m is diffusers' HunyuanVideoCausalConv3d around a plain Conv3d without padding of its own."""
+    c = getattr(m, "conv", None)
+    return (_diffusers_class(m, "HunyuanVideoCausalConv3d") and type(c) is nn.Conv3d
+            and c.padding_mode == "zeros" and tuple(c.padding) == (0, 0, 0) and _source_has(type(m), _HY_CAUSAL_CONV))
+
+
+def _is_hy_resnet(m: nn.Module) -> bool:
+    return (_diffusers_class(m, "HunyuanVideoResnetBlockCausal3D") and "forward" not in m.__dict__
+            and _hy_causal_conv(getattr(m, "conv2", None))
+            and (m.conv_shortcut is None or _hy_causal_conv(m.conv_shortcut))
+            and _source_has(type(m), _HY_RESNET))
+
+
+def _is_hy_upsample(m: nn.Module) -> bool:
+    return (_diffusers_class(m, "HunyuanVideoUpsampleCausal3D") and "forward" not in m.__dict__
+            and _hy_causal_conv(getattr(m, "conv", None)) and _source_has(type(m), _HY_UPSAMPLE))
+
+
+def _pending(t: torch.Tensor):
+    return getattr(t, "_gnext_pending", None)
+
+
+def _with_pending(t: torch.Tensor, pend) -> torch.Tensor:
+    """t + pend[c] in t's dtype (a new tensor), or t where pend is None."""
+    return t if pend is None else t + channel_view(pend.to(t.dtype), t)
+
+
+def _stream_defers(m: nn.Module) -> bool:
+    """m may return its output without its biases: the trace cleared it, its enclosing module is running, no
+    gradient is needed and nothing is being compiled."""
+    block = m.__dict__.get("_gnext_stream_block")
+    return (block is not None and bool(block.__dict__.get("_gnext_running")) and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling())
+
+
+def _stream_out(m: nn.Module, out: torch.Tensor, pend) -> torch.Tensor:
+    """out marked with its pending vector where m defers, else with it added (in place: out is m's own)."""
+    if pend is None:
+        return out
+    if _stream_defers(m):
+        setattr(out, "_gnext_pending", pend)
+        return out
+    return out.add_(channel_view(pend.to(out.dtype), out))
+
+
+def _hy_conv_unbiased(cc: nn.Module, h: torch.Tensor | None, pend=None, src: torch.Tensor | None = None):
+    """HunyuanVideoCausalConv3d cc on h + pend[c] (pend: None or float32 (C,)), without its bias: (output, the
+    float32 vector its output lacks, or None). A padded norm's interior view (made for cc) goes in as the whole
+    padded tensor, as does src (h's replicate-padded form, made by the caller); replicate (or no) padding keeps a
+    constant channel constant, so pend folds into the bias."""
+    c = cc.conv
+    pad = tuple(cc.time_causal_padding)
+    if pend is not None and (c.groups != 1 or (any(pad) and cc.pad_mode != "replicate")):  # it does not fold
+        if src is not None:  # replicate-padded: pend added to the halo too is the padding of h + pend
+            src = _with_pending(src, pend)
+        else:
+            h = _with_pending(h, pend)
+        pend = None
+    if src is None:
+        if getattr(h, "_gnext_padded_for", None) is cc and h._base is not None:
+            src = h._base
+        else:
+            src = torch.nn.functional.pad(h, pad, mode=cc.pad_mode) if any(pad) else h
+    out = c._conv_forward(src, c.weight, None)
+    b = None if c.bias is None else c.bias.float()
+    if pend is not None:
+        fold = c.weight.float().sum(dim=(2, 3, 4)) @ pend
+        b = fold if b is None else b + fold
+    return out, b
+
+
+def _add(a, b):
+    return b if a is None else a if b is None else a + b
+
+
+def _hy_resnet_forward(self, hidden_states):
+    """diffusers HunyuanVideoResnetBlockCausal3D.forward carrying convolution biases down the residual stream (see
+    above): its input's pending vector goes to norm1 and to the output's; conv2 and the shortcut run without their
+    bias."""
+    pend = _pending(hidden_states)
+    if pend is None and not _stream_defers(self):
+        return type(self).forward(self, hidden_states)
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return type(self).forward(self, _with_pending(hidden_states, pend))
+    x = hidden_states.contiguous()
+    if pend is not None and not isinstance(self.norm1, _PaddedGroupNormAct):  # only the padded norm reads it
+        x, pend = _with_pending(x, pend), None
+    elif pend is not None:
+        setattr(x, "_gnext_pending", pend)
+    h = self.norm1(x)
+    h = self.nonlinearity(h)
+    h = self.conv1(h)
+    h = self.norm2(h)
+    h = self.nonlinearity(h)
+    h = self.dropout(h)
+    out, b2 = _hy_conv_unbiased(self.conv2, h)
+    if self.conv_shortcut is not None:
+        residual, bs = _hy_conv_unbiased(self.conv_shortcut, x, pend)
+        pend = _add(b2, bs)
+    else:
+        residual, pend = x, _add(b2, pend)
+    return _stream_out(self, out + residual, pend)
+
+
+def _hy_upsampled_padded(self, x: torch.Tensor) -> torch.Tensor | None:
+    """The up-sampler's convolution input, replicate-padded, written in one buffer: each frame of x repeated by the
+    integer factors (the first frame along height and width only, as F.interpolate's nearest mode does it), then
+    the halo copied from the edges, width, height, then time (replicate padding is the clamp of each index, so one
+    dimension after the other gives it). What the up-sampler's forward builds with two interpolations, a
+    concatenation and F.pad, without those three full-size tensors. None where the factors are not integers or
+    the padding is not replicate."""
+    cc = self.conv
+    f = tuple(self.upsample_factor)
+    if len(f) != 3 or any(float(v) != int(v) or int(v) < 1 for v in f) or cc.pad_mode != "replicate" or x.dim() != 5:
+        return None
+    ft, fh, fw = (int(v) for v in f)
+    pw0, pw1, ph0, ph1, pt0, pt1 = (int(p) for p in cc.time_causal_padding)
+    N, C, T, H, W = x.shape
+    To, Ho, Wo = 1 + ft * (T - 1), fh * H, fw * W
+    buf = x.new_empty((N, C, pt0 + To + pt1, ph0 + Ho + ph1, pw0 + Wo + pw1))
+    inner = buf[:, :, pt0:pt0 + To, ph0:ph0 + Ho, pw0:pw0 + Wo]
+    inner[:, :, 0].unflatten(-1, (W, fw)).unflatten(-3, (H, fh)).copy_(
+        x[:, :, 0, :, None, :, None].expand(N, C, H, fh, W, fw))
+    if T > 1:
+        inner[:, :, 1:].unflatten(-1, (W, fw)).unflatten(-3, (H, fh)).unflatten(2, (T - 1, ft)).copy_(
+            x[:, :, 1:, None, :, None, :, None].expand(N, C, T - 1, ft, H, fh, W, fw))
+    rows, frames = slice(ph0, ph0 + Ho), slice(pt0, pt0 + To)
+    if pw0:
+        buf[:, :, frames, rows, :pw0] = buf[:, :, frames, rows, pw0:pw0 + 1]
+    if pw1:
+        buf[:, :, frames, rows, pw0 + Wo:] = buf[:, :, frames, rows, pw0 + Wo - 1:pw0 + Wo]
+    if ph0:
+        buf[:, :, frames, :ph0] = buf[:, :, frames, ph0:ph0 + 1]
+    if ph1:
+        buf[:, :, frames, ph0 + Ho:] = buf[:, :, frames, ph0 + Ho - 1:ph0 + Ho]
+    if pt0:
+        buf[:, :, :pt0] = buf[:, :, pt0:pt0 + 1]
+    if pt1:
+        buf[:, :, pt0 + To:] = buf[:, :, pt0 + To - 1:pt0 + To]
+    return buf
+
+
+def _hy_upsample_forward(self, hidden_states):
+    """diffusers HunyuanVideoUpsampleCausal3D.forward where no gradient is needed: the convolution's padded input
+    written in one buffer (_hy_upsampled_padded), its input's pending vector folded into the convolution's bias,
+    and that bias carried on (see above)."""
+    pend = _pending(hidden_states)
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return type(self).forward(self, _with_pending(hidden_states, pend))
+    src = _hy_upsampled_padded(self, hidden_states)
+    if src is not None:
+        out, b = _hy_conv_unbiased(self.conv, None, pend, src)
+        return _stream_out(self, out, b)
+    interp = torch.nn.functional.interpolate
+    num_frames = hidden_states.size(2)
+    first_frame, other_frames = hidden_states.split((1, num_frames - 1), dim=2)
+    first_frame = interp(first_frame.squeeze(2), scale_factor=self.upsample_factor[1:], mode="nearest").unsqueeze(2)
+    if num_frames > 1:
+        other_frames = interp(other_frames.contiguous(), scale_factor=self.upsample_factor, mode="nearest")
+        h = torch.cat((first_frame, other_frames), dim=2)
+    else:
+        h = first_frame
+    out, b = _hy_conv_unbiased(self.conv, h, pend)
+    return _stream_out(self, out, b)
+
+
+def _carry_stream_biases(module: nn.Module, mode: "_ConsumerMode", streams: set, padded: dict, counts: dict) -> None:
+    """Installs the stream forwards on every block of `streams` (each may be handed a pending input), and lets a
+    block defer its biases where the trace saw its output go only into such blocks or padded norms (`padded`'s
+    keys), and not returned by the smallest module holding it and them (or beyond)."""
+    for m in streams:
+        m.forward = types.MethodType(_hy_resnet_forward if _is_hy_resnet(m) else _hy_upsample_forward, m)
+    names = {m: n for n, m in module.named_modules()}
+
+    def within(a: str, b: str) -> bool:  # b is a or inside it
+        return a == "" or a == b or b.startswith(a + ".")
+
+    for block, uses in mode.stream_uses.items():
+        if not uses or "other" in uses or any(u not in streams and u not in padded for u in uses):
+            continue
+        parts = [names[m].split(".") for m in (block, *uses)]
+        k = 0
+        while all(len(p) > k + 1 and p[k] == parts[0][k] for p in parts):  # the longest common parent
+            k += 1
+        while k > 0 and module.get_submodule(".".join(parts[0][:k])) not in mode.ran:  # a ModuleList never runs
+            k -= 1
+        outer = ".".join(parts[0][:k])
+        if any(within(names[m], outer) for m in mode.stream_returned.get(block, ())):
+            continue
+        holder = module.get_submodule(outer)
+        _track_running(holder)
+        block.__dict__["_gnext_stream_block"] = holder
+        counts["stream_bias"] += 1
+    if counts["stream_bias"]:
+        _log.info("gnext: %d block(s) carry their convolutions' biases to the next", counts["stream_bias"])
 
 
 class _ConsumerMode(TorchFunctionMode):
@@ -380,6 +625,14 @@ class _ConsumerMode(TorchFunctionMode):
         self.zero_outs: dict[int, tuple[None, nn.Module, weakref.ref]] = {}  # padded -> (None, padder, tensor)
         self.zero_pads: dict[nn.Module, set] = {}
         self.conv_uses: dict[nn.Module, set] = {}
+        # Outputs of the blocks that can carry biases down a residual stream (_HY_RESNET): the modules that took one
+        # and know that form (`stream_recv`, by id of the output), each block's uses (such a module, or "other": an
+        # op on it outside them) and the modules other than the block that returned it.
+        self.stream_outs: dict[int, tuple[nn.Module, weakref.ref]] = {}
+        self.stream_recv: dict[int, set] = {}
+        self.stream_uses: dict[nn.Module, set] = {}
+        self.stream_returned: dict[nn.Module, set] = {}
+        self.ran: set = set()  # modules whose forward ran
 
     def _hit(self, table, a):
         """table's entry for a, where a is the tensor it was made for (not a later one with a dead one's id)."""
@@ -399,6 +652,11 @@ class _ConsumerMode(TorchFunctionMode):
                 self.zero_outs[id(out)] = (None, top, weakref.ref(out))
                 return out
             self.zero_pads.setdefault(top, set()).add("other")
+        if self.stream_outs:
+            for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+                hit = self._hit(self.stream_outs, a)
+                if hit is not None and not any(s in self.stream_recv.get(id(a), ()) for s in self.stack):
+                    self.stream_uses.setdefault(hit[0], set()).add("other")
         for a in [*args, *kwargs.values()]:
             hit = self._hit(self.watch, a)
             if hit is not None:
@@ -442,9 +700,15 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
     children: dict[nn.Module, nn.Module | None] = {}  # padder -> the child that took its padded tensor (None: varied)
     returned: dict[nn.Module, bool] = {}  # padder -> whether each of its padding calls returned that child's output
     handles = []
+    streams = {m for m in module.modules() if _is_hy_resnet(m) or _is_hy_upsample(m)} if pad_into_conv else set()
 
     def push(m, inputs):
         first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+        took = mode._hit(mode.stream_outs, first)
+        if (took is not None and (m in streams or _plain_group_norm(m))
+                and not any(s in mode.stream_recv[id(first)] for s in stack)):
+            mode.stream_recv[id(first)].add(m)
+            mode.stream_uses[took[0]].add(m)
         hit = mode._hit(mode.pad_outs, first) or mode._hit(mode.zero_outs, first)
         m.__dict__["_gnext_trace_in"] = weakref.ref(first) if first is not None else None
         if hit is not None:  # m takes a padded tensor: it must be a direct child of the padder, the same every call
@@ -454,9 +718,19 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
             children[parent] = m if ok and prev is m else None
             m.__dict__["_gnext_trace_parent"] = parent if ok else None
         stack.append(m)
+        mode.ran.add(m)
 
     def pop(m, inputs, output):
         stack.pop()
+        if mode.stream_outs:
+            for leaf in torch.utils._pytree.tree_leaves(output):
+                made = mode._hit(mode.stream_outs, leaf)
+                if made is not None and made[0] is not m:
+                    mode.stream_returned.setdefault(made[0], set()).add(m)
+        if m in streams and isinstance(output, torch.Tensor):
+            mode.stream_outs[id(output)] = (m, weakref.ref(output))
+            mode.stream_recv[id(output)] = set()
+            mode.stream_uses.setdefault(m, set())
         if id(m) in acts and inputs and mode._hit(mode.watch, inputs[0]) is not None:
             mode.activated[id(output)] = (mode.watch[id(inputs[0])][0], weakref.ref(output))
         if m in children:  # a padder: did it return its child's output?
@@ -546,6 +820,7 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
         _fold_bias(module, names, conv, norm, fused[id(norm)])
     if folds:
         _log.info("gnext: %d convolution(s) leave their bias to the padded norm after them", len(folds))
+    _carry_stream_biases(module, mode, streams, padded, counts)
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in fused:

@@ -41,7 +41,7 @@ def test_subclasses_counts_and_warning():
     conv, counts = _check_same(model, ge.convert_group_norm, (x,))
     assert type(conv[0]) is ge.GroupNorm and type(conv[1]) is OwnForward and type(conv[2]) is ge.GroupNorm
     assert counts == {"group_norm": 2, "group_norm_act": 0, "resnet_block2d": 0, "pad_into_conv": 0, "spatial_norm": 0,
-                      "skipped": 1}
+                      "stream_bias": 0, "skipped": 1}
     with pytest.warns(UserWarning, match="1 GroupNorm layer.*none was converted"):
         ge.convert_group_norm(nn.Sequential(OwnForward(2, 8)))
     with warnings.catch_warnings():
@@ -69,7 +69,7 @@ def test_timm_layers(device):
     assert [getattr(m, "activation", None) for m in conv[2:6]] == ["silu", "gelu_tanh", "identity", "relu"]
     assert type(conv[6]).__module__.startswith("timm")  # left alone
     assert counts == {"group_norm": 2, "group_norm_act": 4, "resnet_block2d": 0, "pad_into_conv": 0, "spatial_norm": 0,
-                      "skipped": 1}
+                      "stream_bias": 0, "skipped": 1}
     conv2, counts2 = _check_same(model, ge.convert_group_norm, (x,))
     assert counts2["group_norm"] == 2 and counts2["skipped"] == 5  # GroupNormAct needs convert_group_norm_act
 

@@ -468,15 +468,92 @@ def test_diffusers_hunyuan_video_decoder_padded(device):
     dec, counts = ge.convert_group_norm_act(vae.decoder, example_inputs=(z,), return_counts=True)
     out, n_after = _pad_calls(lambda: dec(z))
     assert counts["pad_into_conv"] == counts["group_norm_act"] > 0, counts
-    # The shortcuts' 1x1x1 convolutions (32 -> 16 channels) skip their zero padding.
+    # The shortcuts' 1x1x1 convolutions (32 -> 16 channels) skip their zero padding; the up-samplers write their
+    # convolution's padded input in one buffer.
     shortcuts = sum(getattr(m, "conv_shortcut", None) is not None for m in dec.modules())
-    assert n_after == n_before - counts["pad_into_conv"] - shortcuts and shortcuts > 0
+    ups = [m for m in dec.modules() if type(m).__name__ == "HunyuanVideoUpsampleCausal3D"]
+    assert n_after == n_before - counts["pad_into_conv"] - shortcuts - len(ups) and shortcuts > 0 and ups
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
-    # Each resnet block's conv1 leaves its bias to norm2, and only those.
-    blocks = sum(type(m).__name__ == "HunyuanVideoResnetBlockCausal3D" for m in dec.modules())
+    # Each resnet block's conv1 leaves its bias to norm2. Every block but the mid block's first (whose output goes
+    # into attention) carries its conv2's, shortcut's or up-sampler's bias on to the next block.
+    blocks = [m for m in dec.modules() if type(m).__name__ == "HunyuanVideoResnetBlockCausal3D"]
+    carried = [m for m in blocks + ups if m is not dec.mid_block.resnets[0]]
+    assert counts["stream_bias"] == len(carried)
     out, n_unbiased = _unbiased_convs(lambda: dec(z))
-    assert n_unbiased == blocks > 0
+    assert n_unbiased == len(blocks) + len(carried) + sum(getattr(m, "conv_shortcut", None) is not None
+                                                         for m in carried)
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+
+
+def _hunyuan_decoder(device, dtype=torch.float32, seed=0):
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(seed)
+    vae = diffusers.AutoencoderKLHunyuanVideo(
+        block_out_channels=(16, 32, 32), down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 3, layers_per_block=1, norm_num_groups=8, latent_channels=4,
+        temporal_compression_ratio=4, spatial_compression_ratio=4).eval()
+    with torch.no_grad():
+        for p in vae.parameters():  # biases well away from 0, so that one left out shows
+            p.add_(torch.randn_like(p) * 0.3 + (0.5 if p.dim() == 1 else 0.0))
+    return vae.decoder.to(device, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_hunyuan_stream_biases_half(device, dtype):
+    """The decoder in 2-byte floats with the biases carried down the residual stream: as close to a float64 decode
+    as PyTorch's own in that dtype. (On the CPU the half convolutions run in float32 with rounded outputs.)"""
+    dec = _hunyuan_decoder(device)
+    z = torch.randn(1, 4, 3, 8, 8, device=device)
+    with torch.no_grad():
+        exact = copy.deepcopy(dec).double()(z.double())
+        dec = dec.to(dtype)
+        eager = dec(z.to(dtype)).double()
+    conv, counts = ge.convert_group_norm_act(dec, example_inputs=(z.to(dtype),), return_counts=True)
+    assert counts["stream_bias"] > 0
+    with torch.no_grad():
+        out = conv(z.to(dtype)).double()
+    err, err_eager = (out - exact).abs().max().item(), (eager - exact).abs().max().item()
+    assert err <= 2 * err_eager + 1e-2 * exact.abs().max().item(), (err, err_eager)
+
+
+def test_hunyuan_stream_bias_kept_where_the_output_escapes():
+    """A block whose output the running module returns (or uses itself) adds its own biases; called by itself, a
+    block adds its own too; with a gradient, the blocks' own forwards run."""
+    dec = _hunyuan_decoder("cpu")
+
+    class Tap(nn.Module):  # returns the first up block's output beside the second's
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = dec.up_blocks[0], dec.up_blocks[1]
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h), h
+
+    tap = Tap().eval()
+    x = torch.randn(1, 32, 2, 4, 4)
+    with torch.no_grad():
+        ref = tap(x)
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(tap), example_inputs=(x,), return_counts=True)
+    assert not hasattr(conv.a.upsamplers[0], "_gnext_stream_block") and counts["stream_bias"] > 0
+    with torch.no_grad():
+        out = conv(x)
+        alone = conv.b.resnets[0](ref[1])
+        alone_ref = tap.b.resnets[0](ref[1])
+        up_alone, up_ref = conv.b.upsamplers[0](ref[1]), tap.b.upsamplers[0](ref[1])
+
+    def close(a, b):  # the outputs reach ~5e3 (no norm at the end): float32 rounding relative to the largest
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
+
+    for o, r in zip(out, ref):
+        close(o, r)
+    assert not hasattr(out[1], "_gnext_pending") and not hasattr(alone, "_gnext_pending")
+    close(alone, alone_ref)
+    assert "forward" in conv.b.upsamplers[0].__dict__ and not hasattr(up_alone, "_gnext_pending")
+    close(up_alone, up_ref)
+    xg = x.clone().requires_grad_()
+    close(conv(xg)[0], ref[0])
 
 
 def test_converted_padded_model_compiles_without_breaks():
@@ -493,3 +570,31 @@ def test_converted_padded_model_compiles_without_breaks():
     with torch.no_grad():
         out = torch.compile(conv, fullgraph=True, backend="aot_eager")(x)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("frames,factor", [(3, (2, 2, 2)), (1, (2, 2, 2)), (4, (1, 2, 2)), (2, (2, 1, 3))])
+def test_hunyuan_upsampler_padded_input(device, frames, factor):
+    """The up-sampler's convolution input written in one buffer equals F.pad(cat(interpolations)) exactly, and the
+    converted up-sampler's output equals its own forward's."""
+    hy = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video")
+    import groupnorm_ext.convert
+    from groupnorm_ext.convert import _hy_upsampled_padded
+
+    torch.manual_seed(0)
+    up = hy.HunyuanVideoUpsampleCausal3D(6, 6, upsample_factor=factor).to(device).eval()
+    x = torch.randn(2, 6, frames, 5, 7, device=device) + 3
+    first, rest = x.split((1, frames - 1), dim=2)
+    parts = [F.interpolate(first.squeeze(2), scale_factor=factor[1:], mode="nearest").unsqueeze(2)]
+    if frames > 1:
+        parts.append(F.interpolate(rest, scale_factor=factor, mode="nearest"))
+    ref = F.pad(torch.cat(parts, dim=2), up.conv.time_causal_padding, mode="replicate")
+    got = _hy_upsampled_padded(up, x)
+    assert got is not None and torch.equal(got, ref)
+    up.upsample_factor = (2, 1.5, 2)
+    assert _hy_upsampled_padded(up, x) is None
+    up.upsample_factor = factor
+    with torch.no_grad():  # the stream forward, called by itself: its bias added
+        ref = up(x)
+        out = groupnorm_ext.convert._hy_upsample_forward(up, x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

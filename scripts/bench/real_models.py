@@ -31,7 +31,9 @@ torch.compile(original) with groupnorm_ext.enable_compile_fusion() active while 
 with pad_into_conv=False (no padded outputs, and CogVideoX's blocks on their own forward); gnext-nomod, the
 converter with CogVideoX's spatial norms and blocks back on their own forwards; gnext-nofold, the converter with
 its convolutions adding their own bias (none left to the padded norm after them); gnext-padrows, the converter with
-its padded outputs written by the row kernel (GNEXT_PAD_TILE=0) instead of the tile kernel. Timing: wall time (host + GPU) of a
+its padded outputs written by the row kernel (GNEXT_PAD_TILE=0) instead of the tile kernel; gnext-nostream, the
+converter with every HunyuanVideo block adding its convolutions' biases (none carried down the residual stream);
+gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers on their own forwards. Timing: wall time (host + GPU) of a
 batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
@@ -70,7 +72,8 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)),
 # without its modulated spatial norms (CogVideoX's, back on their own forwards), with every convolution adding
 # its own bias, and with its padded outputs written by the row kernel (GNEXT_PAD_TILE=0).
-EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows")
+EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
+                  "gnext-noblocks")
 
 
 def image(size, n):
@@ -240,7 +243,8 @@ def no_caches():
 # machine that span a round cancel.
 PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("compile+fusion", "compile"),
          ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"), ("gnext-nomod", "eager"), ("gnext", "gnext-nomod"),
-         ("gnext", "gnext-nofold"), ("gnext", "gnext-padrows"))
+         ("gnext", "gnext-nofold"), ("gnext", "gnext-padrows"), ("gnext", "gnext-nostream"),
+         ("gnext", "gnext-noblocks"))
 
 
 def paired(times):
@@ -304,6 +308,19 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         fns["gnext-nofold"] = step_fn(nofold, args, train)
     if "gnext-padrows" in variants:  # the converter, its padded outputs on the row kernel instead of the tile kernel
         fns["gnext-padrows"] = with_tuning(step_fn(conv, args, train), GNEXT_PAD_TILE=0)
+    if "gnext-nostream" in variants:  # the converter with each block adding its own biases
+        nostream = copy.deepcopy(conv)
+        for m in nostream.modules():
+            m.__dict__.pop("_gnext_stream_block", None)
+        fns["gnext-nostream"] = step_fn(nostream, args, train)
+    if "gnext-noblocks" in variants:  # the converter with HunyuanVideo's blocks on their own forwards
+        noblocks = copy.deepcopy(conv)
+        for m in noblocks.modules():
+            if "_gnext_stream_block" in m.__dict__ or type(m).__name__ in ("HunyuanVideoResnetBlockCausal3D",
+                                                                             "HunyuanVideoUpsampleCausal3D"):
+                m.__dict__.pop("_gnext_stream_block", None)
+                m.__dict__.pop("forward", None)
+        fns["gnext-noblocks"] = step_fn(noblocks, args, train)
     outs, t_compile = {}, {}
     graphs = mode is not None and bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
     if "compile" in variants:
@@ -379,7 +396,9 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "gnext-nopad": "gnext eager, no padded outputs ms (x)",
           "gnext-nomod": "gnext eager, no modulated norms ms (x)",
           "gnext-nofold": "gnext eager, convolutions add their bias ms (x)",
-          "gnext-padrows": "gnext eager, padded outputs by the row kernel ms (x)"}
+          "gnext-padrows": "gnext eager, padded outputs by the row kernel ms (x)",
+          "gnext-nostream": "gnext eager, no biases carried down the residual stream ms (x)",
+          "gnext-noblocks": "gnext eager, HunyuanVideo blocks on their own forwards ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
