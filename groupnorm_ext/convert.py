@@ -903,7 +903,9 @@ def _resnet_block2d_forward(self, input_tensor, temb, *args, **kwargs):
         if self.training:
             input_tensor = input_tensor.contiguous()
         input_tensor = self.conv_shortcut(input_tensor)
-    return (input_tensor + hidden_states) / self.output_scale_factor
+    out = input_tensor + hidden_states
+    # x / 1.0 is x: PyTorch would still run a pass over the output for it.
+    return out if self.output_scale_factor == 1 else out / self.output_scale_factor
 
 
 # --- diffusers CogVideoXSpatialNorm3D --------------------------------------------------------------------
