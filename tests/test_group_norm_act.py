@@ -184,6 +184,28 @@ def test_bulk_forward(act, ahead, hold, chunk, tuning):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("act", ["identity", "silu"])
+@pytest.mark.parametrize("warps", ["12", "8"])
+def test_bulk_forward_fewer_consumers(act, warps, tuning):
+    """The held bulk forward with fewer consumer warps than parts per slice (GNEXT_BULK_CONSUMERS; each warp takes
+    every W-th part, some of them one part more than others): one 10 or 12 MiB group (G = 1) per dtype, over 16
+    parts per slice, with a residual, against float64; each plan is checked to be held bulk with that many warps."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("bulk asynchronous copies need sm_90")
+    tuning.set("GNEXT_BULK", "2")
+    tuning.set("GNEXT_BULK_CONSUMERS", warps)
+    for dtype, shapes in ((torch.float32, ((1, 12, 512, 512), (1, 10, 512, 512))),
+                          (torch.bfloat16, ((1, 24, 512, 512), (1, 20, 512, 512)))):
+        for shape in shapes:
+            N, C, H, W = shape
+            text = _C._plan((N, C, 1, H * W), torch.empty((), dtype=dtype).element_size(), False,
+                            groupnorm_ext._library.ACTIVATIONS.index(act), True, None)
+            fwd = text.split("forward: ")[1].split("backward: ")[0]
+            assert fwd.startswith("bulk") and "streamed" not in fwd and f"({warps} consumer warps" in fwd, text
+            _check("cuda", dtype, None, shape, 1, act, with_res=True, affine=True, seed=29)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("act", ["identity", "silu", "tanh_hardswish"])
 @pytest.mark.parametrize("teams", ["2", "5", "40"])
 @pytest.mark.parametrize("chunk", ["4096", "16384"])
