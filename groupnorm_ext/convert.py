@@ -448,7 +448,7 @@ def _stream_out(m: nn.Module, out: torch.Tensor, pend) -> torch.Tensor:
     return out.add_(channel_view(pend.to(out.dtype), out))
 
 
-def _hy_conv_unbiased(cc: nn.Module, h: torch.Tensor | None, pend=None, src: torch.Tensor | None = None):
+def _hy_conv_unbiased(cc, h, pend=None, src=None):
     """HunyuanVideoCausalConv3d cc on h + pend[c] (pend: None or float32 (C,)), without its bias: (output, the
     float32 vector its output lacks, or None). A padded norm's interior view (made for cc) goes in as the whole
     padded tensor, as does src (h's replicate-padded form, made by the caller); replicate (or no) padding keeps a
