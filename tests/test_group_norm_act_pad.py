@@ -572,6 +572,24 @@ def test_converted_padded_model_compiles_without_breaks():
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_hunyuan_stream_bias_into_a_swapped_norm():
+    """A block handed its input without the biases, whose norm1 was swapped for a plain GroupNorm after the
+    conversion (model surgery), adds them to its input first: the decode still equals the original's."""
+    dec = _hunyuan_decoder("cpu")
+    z = torch.randn(1, 4, 2, 8, 8)
+    with torch.no_grad():
+        ref = dec(z)
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(dec), example_inputs=(z,), return_counts=True)
+    blk = conv.up_blocks[1].resnets[0]
+    assert "_gnext_stream_block" in conv.up_blocks[0].upsamplers[0].__dict__ and counts["stream_bias"] > 0
+    plain = nn.GroupNorm(blk.norm1.num_groups, blk.norm1.num_channels, eps=blk.norm1.eps)
+    plain.load_state_dict(blk.norm1.state_dict())
+    blk.norm1 = plain  # its activation gate applies SiLU to what no fused norm announced
+    with torch.no_grad():
+        out = conv(z)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("frames,factor", [(3, (2, 2, 2)), (1, (2, 2, 2)), (4, (1, 2, 2)), (2, (2, 1, 3))])
 def test_hunyuan_upsampler_padded_input(device, frames, factor):
