@@ -366,8 +366,9 @@ def _fold_bias(module: nn.Module, names: dict, conv: nn.Module, norm: nn.Module,
     fused.__dict__["_bias_conv"] = conv
 
 
-# --- diffusers HunyuanVideo: convolution biases carried down the residual stream ---------------------------------
-# A HunyuanVideoResnetBlockCausal3D returns conv2(...) + residual and a HunyuanVideoUpsampleCausal3D returns conv(...):
+# --- diffusers HunyuanVideo: convolution biases carried down the residual stream, up-samplers' padded inputs ----
+# An up-sampler writes its convolution's replicate-padded input in one buffer (_hy_upsampled_padded), bitwise what its
+# interpolations, concatenation and F.pad make. A HunyuanVideoResnetBlockCausal3D returns conv2(...) + residual and a HunyuanVideoUpsampleCausal3D returns conv(...):
 # PyTorch adds each convolution's bias in a broadcast pass over its output. Where the trace shows that such a block's
 # output goes only into blocks that know the form below (the next resnet block or up-sampler, or a padded norm), the
 # block returns its output without those biases and marks it with the per-channel vector still to add ("pending",
