@@ -351,14 +351,21 @@ def _track_running(block: nn.Module) -> None:
         block.register_forward_hook(_block_exit, always_call=True)
 
 
+def _common_depth(paths: list) -> int:
+    """How many leading names the qualified module paths (each split at ".") share, leaving each at least one of its
+    own: the depth of the smallest module holding them all."""
+    k = 0
+    while all(len(p) > k + 1 and p[k] == paths[0][k] for p in paths):
+        k += 1
+    return k
+
+
 def _fold_bias(module: nn.Module, names: dict, conv: nn.Module, norm: nn.Module, fused: nn.Module) -> None:
     """conv (its outputs went only into norm, a GroupNorm of module that fused, the padded norm, replaces) runs
     without its bias inside the smallest module of `module` holding both, and fused adds the bias
     (_bias_deferred_forward). names: module's submodules' qualified names."""
     a, b = names[conv].split("."), names[norm].split(".")
-    k = 0
-    while k < min(len(a), len(b)) and a[k] == b[k]:
-        k += 1
+    k = _common_depth([a, b])
     block = module.get_submodule(".".join(a[:k]))
     _track_running(block)
     conv.__dict__["_gnext_fold_block"] = (block, ".".join(b[k:]), fused)
@@ -368,8 +375,9 @@ def _fold_bias(module: nn.Module, names: dict, conv: nn.Module, norm: nn.Module,
 
 # --- diffusers HunyuanVideo: convolution biases carried down the residual stream, up-samplers' padded inputs ----
 # An up-sampler writes its convolution's replicate-padded input in one buffer (_hy_upsampled_padded), bitwise what its
-# interpolations, concatenation and F.pad make. A HunyuanVideoResnetBlockCausal3D returns conv2(...) + residual and a HunyuanVideoUpsampleCausal3D returns conv(...):
-# PyTorch adds each convolution's bias in a broadcast pass over its output. Where the trace shows that such a block's
+# interpolations, concatenation and F.pad make. A HunyuanVideoResnetBlockCausal3D returns conv2(...) + residual and
+# a HunyuanVideoUpsampleCausal3D returns conv(...): PyTorch adds each convolution's bias in a broadcast pass over its
+# output. Where the trace shows that such a block's
 # output goes only into blocks that know the form below (the next resnet block or up-sampler, or a padded norm), the
 # block returns its output without those biases and marks it with the per-channel vector still to add ("pending",
 # float32, (C,)). The next block carries it on: its norm1 adds it as it reads (input_bias), its residual sum carries
@@ -549,24 +557,15 @@ def _hy_upsampled_padded(self, x: torch.Tensor) -> torch.Tensor | None:
 def _hy_upsample_forward(self, hidden_states):
     """diffusers HunyuanVideoUpsampleCausal3D.forward where no gradient is needed: the convolution's padded input
     written in one buffer (_hy_upsampled_padded), its input's pending vector folded into the convolution's bias,
-    and that bias carried on (see above)."""
+    and that bias carried on (see above); elsewhere the class's forward on the input with its pending vector
+    added."""
     pend = _pending(hidden_states)
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return type(self).forward(self, _with_pending(hidden_states, pend))
     src = _hy_upsampled_padded(self, hidden_states)
-    if src is not None:
-        out, b = _hy_conv_unbiased(self.conv, None, pend, src)
-        return _stream_out(self, out, b)
-    interp = torch.nn.functional.interpolate
-    num_frames = hidden_states.size(2)
-    first_frame, other_frames = hidden_states.split((1, num_frames - 1), dim=2)
-    first_frame = interp(first_frame.squeeze(2), scale_factor=self.upsample_factor[1:], mode="nearest").unsqueeze(2)
-    if num_frames > 1:
-        other_frames = interp(other_frames.contiguous(), scale_factor=self.upsample_factor, mode="nearest")
-        h = torch.cat((first_frame, other_frames), dim=2)
-    else:
-        h = first_frame
-    out, b = _hy_conv_unbiased(self.conv, h, pend)
+    if src is None:  # factors that are not integers, or other padding: the class's forward, with its bias
+        return type(self).forward(self, _with_pending(hidden_states, pend))
+    out, b = _hy_conv_unbiased(self.conv, None, pend, src)
     return _stream_out(self, out, b)
 
 
@@ -585,9 +584,7 @@ def _carry_stream_biases(module: nn.Module, mode: "_ConsumerMode", streams: set,
         if not uses or "other" in uses or any(u not in streams and u not in padded for u in uses):
             continue
         parts = [names[m].split(".") for m in (block, *uses)]
-        k = 0
-        while all(len(p) > k + 1 and p[k] == parts[0][k] for p in parts):  # the longest common parent
-            k += 1
+        k = _common_depth(parts)
         while k > 0 and module.get_submodule(".".join(parts[0][:k])) not in mode.ran:  # a ModuleList never runs
             k -= 1
         outer = ".".join(parts[0][:k])
@@ -635,6 +632,10 @@ class _ConsumerMode(TorchFunctionMode):
         self.stream_returned: dict[nn.Module, set] = {}
         self.ran: set = set()  # modules whose forward ran
 
+    def taken(self, a) -> bool:
+        """A module running now took a (a block's output) as its input and knows its form."""
+        return any(s in self.stream_recv.get(id(a), ()) for s in self.stack)
+
     def _hit(self, table, a):
         """table's entry for a, where a is the tensor it was made for (not a later one with a dead one's id)."""
         hit = table.get(id(a)) if isinstance(a, torch.Tensor) else None
@@ -656,7 +657,7 @@ class _ConsumerMode(TorchFunctionMode):
         if self.stream_outs:
             for a in torch.utils._pytree.tree_leaves((args, kwargs)):
                 hit = self._hit(self.stream_outs, a)
-                if hit is not None and not any(s in self.stream_recv.get(id(a), ()) for s in self.stack):
+                if hit is not None and not self.taken(a):
                     self.stream_uses.setdefault(hit[0], set()).add("other")
         for a in [*args, *kwargs.values()]:
             hit = self._hit(self.watch, a)
@@ -706,8 +707,7 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
     def push(m, inputs):
         first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
         took = mode._hit(mode.stream_outs, first)
-        if (took is not None and (m in streams or _plain_group_norm(m))
-                and not any(s in mode.stream_recv[id(first)] for s in stack)):
+        if took is not None and (m in streams or _plain_group_norm(m)) and not mode.taken(first):
             mode.stream_recv[id(first)].add(m)
             mode.stream_uses[took[0]].add(m)
         hit = mode._hit(mode.pad_outs, first) or mode._hit(mode.zero_outs, first)

@@ -485,7 +485,7 @@ def test_diffusers_hunyuan_video_decoder_padded(device):
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
 
 
-def _hunyuan_decoder(device, dtype=torch.float32, seed=0):
+def _hunyuan_decoder(device, seed=0):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(seed)
     vae = diffusers.AutoencoderKLHunyuanVideo(
@@ -495,7 +495,7 @@ def _hunyuan_decoder(device, dtype=torch.float32, seed=0):
     with torch.no_grad():
         for p in vae.parameters():  # biases well away from 0, so that one left out shows
             p.add_(torch.randn_like(p) * 0.3 + (0.5 if p.dim() == 1 else 0.0))
-    return vae.decoder.to(device, dtype)
+    return vae.decoder.to(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -594,10 +594,10 @@ def test_hunyuan_stream_bias_into_a_swapped_norm():
 @pytest.mark.parametrize("frames,factor", [(3, (2, 2, 2)), (1, (2, 2, 2)), (4, (1, 2, 2)), (2, (2, 1, 3))])
 def test_hunyuan_upsampler_padded_input(device, frames, factor):
     """The up-sampler's convolution input written in one buffer equals F.pad(cat(interpolations)) exactly, and the
-    converted up-sampler's output equals its own forward's."""
+    converted up-sampler's output equals its own forward's, with integer factors and (through its own forward)
+    without."""
     hy = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video")
-    import groupnorm_ext.convert
-    from groupnorm_ext.convert import _hy_upsampled_padded
+    from groupnorm_ext.convert import _hy_upsample_forward, _hy_upsampled_padded
 
     torch.manual_seed(0)
     up = hy.HunyuanVideoUpsampleCausal3D(6, 6, upsample_factor=factor).to(device).eval()
@@ -611,8 +611,10 @@ def test_hunyuan_upsampler_padded_input(device, frames, factor):
     assert got is not None and torch.equal(got, ref)
     up.upsample_factor = (2, 1.5, 2)
     assert _hy_upsampled_padded(up, x) is None
+    with torch.no_grad():
+        torch.testing.assert_close(_hy_upsample_forward(up, x), up(x), rtol=1e-5, atol=1e-5)
     up.upsample_factor = factor
     with torch.no_grad():  # the stream forward, called by itself: its bias added
         ref = up(x)
-        out = groupnorm_ext.convert._hy_upsample_forward(up, x)
+        out = _hy_upsample_forward(up, x)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
