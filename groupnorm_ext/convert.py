@@ -490,11 +490,13 @@ def _add(a, b):
 def _hy_resnet_forward(self, hidden_states):
     """diffusers HunyuanVideoResnetBlockCausal3D.forward carrying convolution biases down the residual stream (see
     above): its input's pending vector goes to norm1 and to the output's; conv2 and the shortcut run without their
-    bias."""
+    bias. With a gradient, under compile, or where conv2 or the shortcut is no longer a HunyuanVideoCausalConv3d
+    (swapped after the conversion: a split decode's halo convolution, say), the class's forward."""
     pend = _pending(hidden_states)
     if pend is None and not _stream_defers(self):
         return type(self).forward(self, hidden_states)
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if (torch.is_grad_enabled() or torch.compiler.is_compiling() or not _hy_causal_conv(self.conv2)
+            or not (self.conv_shortcut is None or _hy_causal_conv(self.conv_shortcut))):  # or a conv swapped since
         return type(self).forward(self, _with_pending(hidden_states, pend))
     x = hidden_states.contiguous()
     if pend is not None and not isinstance(self.norm1, _PaddedGroupNormAct):  # only the padded norm reads it
@@ -560,7 +562,7 @@ def _hy_upsample_forward(self, hidden_states):
     and that bias carried on (see above); elsewhere the class's forward on the input with its pending vector
     added."""
     pend = _pending(hidden_states)
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or not _hy_causal_conv(self.conv):
         return type(self).forward(self, _with_pending(hidden_states, pend))
     src = _hy_upsampled_padded(self, hidden_states)
     if src is None:  # factors that are not integers, or other padding: the class's forward, with its bias

@@ -590,6 +590,33 @@ def test_hunyuan_stream_bias_into_a_swapped_norm():
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
 
 
+def test_hunyuan_stream_bias_into_swapped_convolutions():
+    """Blocks whose convolutions were swapped after the conversion for modules of another class (a split decode's
+    halo convolutions, say) run their class's forward, with any pending biases added to their input: the decode
+    still equals the original's, and the blocks whose convolutions were kept still carry the biases."""
+    dec = _hunyuan_decoder("cpu")
+    z = torch.randn(1, 4, 2, 8, 8)
+    with torch.no_grad():
+        ref = dec(z)
+    conv, counts = ge.convert_group_norm_act(copy.deepcopy(dec), example_inputs=(z,), return_counts=True)
+    assert counts["stream_bias"] > 0
+
+    class Wrapped(nn.Module):  # the same convolution behind a class the stream forwards do not know
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)
+
+    blk, up = conv.up_blocks[1].resnets[0], conv.up_blocks[0].upsamplers[0]
+    blk.conv2, up.conv = Wrapped(blk.conv2), Wrapped(up.conv)
+    with torch.no_grad():
+        out, n_unbiased = _unbiased_convs(lambda: conv(z))
+    assert n_unbiased > 0
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("frames,factor", [(3, (2, 2, 2)), (1, (2, 2, 2)), (4, (1, 2, 2)), (2, (2, 1, 3))])
 def test_hunyuan_upsampler_padded_input(device, frames, factor):
