@@ -36,42 +36,62 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import event_ms  # noqa: E402
 
 
-def halo_exchange(x: torch.Tensor, rows: int, group=None, dim: int = 2, edge: str = "zeros") -> torch.Tensor:
-    """x, this rank's rows along `dim`, with `rows` rows of each neighbour before and after (an all-gather of each
-    rank's first and last rows only). At the whole tensor's two ends: zeros (edge="zeros") or the end row repeated
-    (edge="replicate": replicate padding). Every rank must hold at least `rows` rows."""
+def halo_rows(x: torch.Tensor, rows: int, group=None, dim: int = 2) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the `rows` rows before this rank's along `dim`, the `rows` rows after), from its neighbours: an all-gather
+    of each rank's first and last rows only. None at the whole tensor's two ends. Every rank must hold at least
+    `rows` rows."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     n = x.shape[dim]
     edges = torch.cat([x.narrow(dim, 0, rows), x.narrow(dim, n - rows, rows)], dim=dim).contiguous()
     everyone = [torch.empty_like(edges) for _ in range(world)]
     dist.all_gather(everyone, edges, group=group)
+    above = everyone[rank - 1].narrow(dim, rows, rows) if rank > 0 else None
+    below = everyone[rank + 1].narrow(dim, 0, rows) if rank < world - 1 else None
+    return above, below
+
+
+def halo_exchange(x: torch.Tensor, rows: int, group=None, dim: int = 2, edge: str = "zeros") -> torch.Tensor:
+    """x, this rank's rows along `dim`, with `rows` rows of each neighbour before and after (halo_rows; a copy of
+    x). At the whole tensor's two ends: zeros (edge="zeros") or the end row repeated (edge="replicate": replicate
+    padding)."""
+    above, below = halo_rows(x, rows, group, dim)
+    n = x.shape[dim]
 
     def end(first: bool) -> torch.Tensor:
-        if edge == "zeros":
-            return torch.zeros_like(edges.narrow(dim, 0, rows))
         shape = list(x.shape)
         shape[dim] = rows
+        if edge == "zeros":
+            return x.new_zeros(shape)
         return x.narrow(dim, 0 if first else n - 1, 1).expand(shape)
 
-    above = everyone[rank - 1].narrow(dim, rows, rows) if rank > 0 else end(True)
-    below = everyone[rank + 1].narrow(dim, 0, rows) if rank < world - 1 else end(False)
-    return torch.cat([above, x, below], dim=dim)
+    return torch.cat([end(True) if above is None else above, x, end(False) if below is None else below], dim=dim)
 
 
 class HaloConv2d(nn.Module):
-    """A stride-1 Conv2d with padding p along H computed on a row shard: p halo rows from each neighbour, then the
-    convolution without padding along H (the conv's own padding along W)."""
+    """A stride-1 Conv2d with zero padding p along H computed on a row shard, without a padded copy of the shard:
+    the convolution with zero padding along H, then its first and last p rows corrected by what the neighbours' p
+    halo rows add (the convolution is linear: the halo rows, next to p zero rows, convolved without bias). The image's
+    top and bottom ranks correct only their inner side. Output rows next to a shard boundary are rounded twice (the
+    zero-padded convolution and the correction are summed in the output dtype)."""
 
     def __init__(self, conv: nn.Conv2d, group=None):
         super().__init__()
+        assert conv.stride == (1, 1) and conv.dilation == (1, 1) and conv.groups == 1, conv
+        assert conv.padding_mode == "zeros", conv.padding_mode
         self.conv, self.group = conv, group
 
     def forward(self, x):
         c = self.conv
         ph, pw = c.padding
+        out = F.conv2d(x, c.weight, c.bias, 1, (ph, pw))
         if ph:
-            x = halo_exchange(x, ph, self.group)
-        return F.conv2d(x, c.weight, c.bias, c.stride, (0, pw), c.dilation, c.groups)
+            above, below = halo_rows(x, ph, self.group)
+            zeros = x.new_zeros(*x.shape[:2], ph, x.shape[3])
+            if above is not None:  # output rows 0..ph-1 are centred on the slab's rows ph..2ph-1
+                out[:, :, :ph] += F.conv2d(torch.cat([above, zeros], dim=2), c.weight, None, 1, (ph, pw))[:, :, ph:]
+            if below is not None:
+                out[:, :, -ph:] += F.conv2d(torch.cat([zeros, below], dim=2), c.weight, None, 1, (ph, pw))[:, :, :ph]
+        return out
 
 
 class GatherAttention(nn.Module):
@@ -167,19 +187,44 @@ def _split_norm_rule(m: nn.Module, group, norm: str, dim: int):
 
 class HaloCausalConv3d(nn.Module):
     """diffusers' HunyuanVideoCausalConv3d (replicate padding: W and H on both sides, T causally) on a shard of rows
-    of H: the H padding is the neighbours' rows (the image's own edge rows, repeated, at its top and bottom)."""
+    of H: the H padding is the neighbours' rows (the image's own edge rows, repeated, at its top and bottom). The
+    padded input is one buffer, written once (the shard, the halo rows, then the W and T edges as F.pad's replicate
+    padding, which is separable), in place of a copy with the halo rows and a second one by F.pad."""
 
     def __init__(self, conv: nn.Module, group=None):
         super().__init__()
+        assert conv.pad_mode in ("replicate", "constant"), conv.pad_mode
         self.conv, self.group = conv, group
 
     def forward(self, x):
         c = self.conv
         w0, w1, h0, h1, t0, t1 = c.time_causal_padding
         assert h0 == h1, "symmetric padding along H"
-        if h0:
-            x = halo_exchange(x, h0, self.group, dim=3, edge="replicate" if c.pad_mode == "replicate" else "zeros")
-        return c.conv(F.pad(x, (w0, w1, 0, 0, t0, t1), mode=c.pad_mode))
+        if not h0:
+            return c.conv(F.pad(x, (w0, w1, 0, 0, t0, t1), mode=c.pad_mode))
+        above, below = halo_rows(x, h0, self.group, dim=3)
+        B, C, T, h, W = x.shape
+        replicate = c.pad_mode == "replicate"
+        buf = x.new_empty(B, C, t0 + T + t1, h0 + h + h1, w0 + W + w1)
+        rows = buf[:, :, t0:t0 + T, :, w0:w0 + W]
+        rows[:, :, :, h0:h0 + h].copy_(x)
+        for halo, dst, edge in ((above, rows[:, :, :, :h0], x[:, :, :, :1]), (below, rows[:, :, :, h0 + h:], x[:, :, :, -1:])):
+            if halo is not None:
+                dst.copy_(halo)
+            elif replicate:
+                dst.copy_(edge.expand_as(dst))
+            else:
+                dst.zero_()
+
+        def pad_edges(d: int, before: int, n: int, after: int, part: torch.Tensor) -> None:
+            for lo, hi, src in ((0, before, before), (before + n, before + n + after, before + n - 1)):
+                if hi > lo:
+                    dst = part.narrow(d, lo, hi - lo)
+                    dst.copy_(part.narrow(d, src, 1).expand_as(dst)) if replicate else dst.zero_()
+
+        pad_edges(4, w0, W, w1, buf[:, :, t0:t0 + T])  # W edges of the shard's frames, halo rows included
+        pad_edges(2, t0, T, t1, buf)  # then whole frames
+        return c.conv(buf)
 
 
 class SplitMidBlock3D(nn.Module):
