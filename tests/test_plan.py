@@ -90,6 +90,32 @@ def test_bulk_rule():
 
 
 @needs_planner
+def test_bulk_fewer_consumers_rule(tuning):
+    """Held NCHW slices of 17-24 parts of 4 KiB on the H200 (>= 3.8 TB/s) take 12 consumer warps instead of 16
+    (two parts each), float32 slices in 4 KiB copies (docs/decisions/bulk.md#fewer-consumer-warps-on-the-h200):
+    12 MiB fp16 groups (6 copies of 16 KiB per SM, 24 parts), 9 MiB ones (5 copies, 20 parts); 9 MiB float32
+    groups in 18 copies of 4 KiB. Slices of 16 parts or fewer, streamed ones, the backward, the H100 and an explicit
+    GNEXT_BULK_CONSUMERS keep their warps."""
+    def fwd_text(spec, device, act="identity"):
+        fwd, _, text = _plan(spec, device, act)
+        assert fwd == "bulk", (spec, device, text)
+        return text.split("backward:")[0]
+
+    for act in ("identity", "silu"):
+        for spec, copy in (("1,192,1024,1024:32:float16", 16384), ("1,160,1024,1024:32:float16", 16384),
+                           ("1,192,1024,1024:32:bfloat16", 16384), ("1,256,768,768:32:float16", 16384),
+                           ("1,128,768,768:32:float32", 4096), ("1,96,1024,1024:32:float32", 4096)):
+            text = fwd_text(spec, "h200", act)
+            assert "(12 consumer warps" in text and f"of {copy} B" in text and "streamed" not in text, (spec, text)
+            assert "(16 consumer warps" in fwd_text(spec, "h100", act), spec
+    for spec in ("1,128,1024,1024:32:float16", "1,512,512,512:32:bfloat16", "1,256,1024,1024:32:bfloat16"):
+        assert "(16 consumer warps" in fwd_text(spec, "h200"), spec
+    assert "(8 consumer warps" in _plan("1,512,256,256:32:float32", "h200")[2].split("backward:")[1]
+    tuning.set("GNEXT_BULK_CONSUMERS", "16")
+    assert "(16 consumer warps" in fwd_text("1,192,1024,1024:32:float16", "h200")
+
+
+@needs_planner
 def test_bulk_rule_with_activation():
     """An output activation does not change the bulk forward's plans: on the H200, 16 MiB groups stream in 8 KiB
     copies, held slices and teams stay, on 2-byte elements as on float32 (the 2-byte activation forwards' normalize

@@ -628,7 +628,8 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
       vector_width(esize, p.HxW, r.aligned) == 1 || L >= (int64_t{1} << 31))
     return std::nullopt;
   BulkGeometry g{};
-  g.consumers = std::clamp(t.bulk_consumers, 1, bwd ? kBulkMaxConsumersBwd : kBulkMaxConsumers);
+  const int warps = bwd ? kBulkMaxConsumersBwd : kBulkMaxConsumers;
+  g.consumers = t.bulk_consumers == kRule ? warps : std::clamp(t.bulk_consumers, 1, warps);
   const bool fast = !persistent_kernels_pay(d.peak_gbs);
   // Teams copy 4 KiB chunks on every device: on the H200 they measured as fast as 16 KiB copies or faster, and the
   // ring holds 17 chunks of a slice at look-ahead 2 instead of 4 (docs/decisions/bulk.md). Larger copies stay with
@@ -705,6 +706,35 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   return g;
 }
 
+// The NCHW bulk forward's plan: bulk_geometry, with fewer consumer warps for held slices of more than 16 parts on
+// >= 3.8 TB/s. A slice of P parts of 4 KiB goes to W consumer warps, part i to warp i % W, so the slowest warp takes
+// ceil(P / W) of them: with 16 warps, 17-24 parts leave some warps two parts and others one. There the rule takes the
+// fewest warps (a multiple of the copy's parts) that keep ceil(P / 16) parts per warp, and float32 slices copied in
+// 4 KiB. On the H100 the same rule lost 2.2-3.4% on 4 of 6 shapes with SiLU, so it stays with 16 warps
+// (docs/decisions/bulk.md#fewer-consumer-warps-on-the-h200).
+// Example: 1x192x1024x1024 fp16 on the H200: 12 MiB groups = 768 copies of 16 KiB, 6 per CTA: 24 parts; 12 warps
+// take two parts each (GroupNorm+SiLU 334.1 -> 317.3 us). 1x128x768x768 fp32: 9 MiB groups, 5 copies = 20 parts ->
+// 12 warps, in 4 KiB copies (18 per CTA): 267.9 -> 246.7 us.
+inline std::optional<BulkGeometry> bulk_forward_geometry(const Problem& p, const Request& r, const Device& d,
+                                                         const Tuning& t) {
+  const auto g = bulk_geometry(p, r, false, d, t);
+  if (!g || t.bulk_consumers != kRule || persistent_kernels_pay(d.peak_gbs) || g->stream || g->team != g->grid)
+    return g;
+  const int64_t parts = ceil_div(ceil_div(p.D * p.HxW * r.esize, int64_t{g->chunk}), int64_t{g->team}) * g->parts;
+  if (parts <= g->consumers) return g;
+  const int64_t per = ceil_div(parts, int64_t{g->consumers});
+  Tuning fewer = t;
+  fewer.bulk_consumers = static_cast<int>(ceil_div(ceil_div(parts, per), int64_t{g->parts}) * g->parts);
+  if (fewer.bulk_consumers >= g->consumers) return g;
+  if (r.esize == 4 && t.bulk_chunk == kRule) {
+    Tuning four = fewer;
+    four.bulk_chunk = kBulkChunk;
+    if (const auto g4 = bulk_geometry(p, r, false, d, four); g4 && !g4->stream) return g4;
+  }
+  const auto f = bulk_geometry(p, r, false, d, fewer);
+  return f && !f->stream ? f : g;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Channels_last bulk forward (group_norm_bulk_nhwc.cuh, sm_90+): the bulk forward with images as units (HxW * C
 // contiguous elements holding every group), per-group statistics. The slots M of a row (max(1, CV / 32) of its CV =
@@ -742,7 +772,7 @@ inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Re
   ru.contiguous = true;
   Tuning tu = t;
   tu.bulk = t.bulk_nhwc;
-  const int consumers = std::clamp(t.bulk_consumers, 1, kBulkMaxConsumers);
+  const int consumers = t.bulk_consumers == kRule ? kBulkMaxConsumers : std::clamp(t.bulk_consumers, 1, kBulkMaxConsumers);
   const auto g = bulk_geometry(units, ru, false, d, tu, bulk_nhwc_header_bytes(consumers, p.G, p.C));
   if (!g || g->consumers % (g->parts * M) != 0) return std::nullopt;
   if (t.bulk_nhwc == 2) return g;
@@ -783,7 +813,7 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
     return plan;
   }
   if (!plan.nhwc)
-    if (const auto g = bulk_geometry(p, r, false, d, t)) {
+    if (const auto g = bulk_forward_geometry(p, r, d, t)) {
       plan.kernel = Kernel::kBulk, plan.bulk = *g;
       plan.why = g->team != g->grid
                      ? "bulk in teams: one team of every CTA would cut the groups into slices too short, so teams of "
@@ -794,6 +824,10 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
                  : g->stream
                      ? "bulk: slices streamed through shared memory, the part not held read again from L2 (>= 3.8 "
                        "TB/s: 8 KiB copies where 16 KiB ones would read too much again), by bulk asynchronous copies"
+                 : g->consumers < kBulkMaxConsumers
+                     ? "bulk: held slices of more than 16 parts of 4 KiB per SM (>= 3.8 TB/s), the fewest consumer "
+                       "warps that keep as many parts per warp as 16 warps would (float32: in 4 KiB copies), copied "
+                       "once into shared memory by bulk asynchronous copies"
                      : "bulk: held slices of >= 64 KiB per SM in 16 KiB copies at look-ahead 2 (>= 3.8 TB/s), "
                        "copied once into shared memory by bulk asynchronous copies";
       return plan;

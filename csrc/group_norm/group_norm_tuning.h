@@ -17,7 +17,7 @@ struct Tuning {
   int bulk = 1;                // 0: never the bulk forward; 1: the rule; 2: wherever it fits
   int bulk_bwd = 1;            // the same for the bulk backward
   int bulk_ahead = kRule;      // bulk look-ahead in groups (forward 1-4, backward 0-4); rule: the most the ring holds
-  int bulk_consumers = 16;     // bulk consumer warps (forward 1-16, backward at most 8)
+  int bulk_consumers = kRule;  // bulk consumer warps (forward 1-16, backward at most 8); rule: bulk_forward_geometry
   int bulk_hold = kRule;       // bulk, streamed: chunks of a slice kept in shared memory, the rest read again from L2
   int bulk_pace = kRule;       // bulk producer: 0 counts stages up, 1 computes each chunk's stage; rule: 0 only for the forward >= 3.8 TB/s
   int bulk_chunk = kRule;      // bulk forward copy bytes, 4096, 8192 or 16384 (4 KiB per consumer warp)
@@ -57,7 +57,7 @@ inline constexpr TuningField kTuningFields[] = {
     {"GNEXT_BULK", &Tuning::bulk, "bulk NCHW forward (sm_90+): 0 never, 1 rule, 2 wherever it fits"},
     {"GNEXT_BULK_BWD", &Tuning::bulk_bwd, "bulk NCHW backward (sm_90+): 0 never, 1 rule, 2 wherever it fits"},
     {"GNEXT_BULK_AHEAD", &Tuning::bulk_ahead, "bulk look-ahead in groups: forward 1-4, backward 0-4 (rule: the most that fits)"},
-    {"GNEXT_BULK_CONSUMERS", &Tuning::bulk_consumers, "bulk consumer warps: forward 1-16, backward 1-8"},
+    {"GNEXT_BULK_CONSUMERS", &Tuning::bulk_consumers, "bulk consumer warps: forward 1-16, backward 1-8 (rule: the most; on >= 3.8 TB/s 12 for held NCHW slices of 17-24 parts of 4 KiB)"},
     {"GNEXT_BULK_HOLD", &Tuning::bulk_hold, "bulk: chunks per slice kept in shared memory, the rest read again from L2 (rule: where the ring does not hold two slices)"},
     {"GNEXT_BULK_PACE", &Tuning::bulk_pace, "bulk producer loop: 0 counts stages up, 1 computes each chunk's stage before its wait (rule: 0 only for the forward on >= 3.8 TB/s)"},
     {"GNEXT_BULK_CHUNK", &Tuning::bulk_chunk, "bulk forward copy size in bytes, 4096, 8192 or 16384: a consumer warp per 4 KiB (rule: 16384 on >= 3.8 TB/s, 8192 there for streamed slices, else 4096)"},
