@@ -2,8 +2,9 @@
 """A VAE decoder split by rows of H over the ranks of a process group (one image or video per call): diffusers'
 AutoencoderKL (--model image) or HunyuanVideo's 5-D causal decoder (--model video). Every GroupNorm becomes
 groupnorm_ext.distributed.SpatialGroupNorm (exact whole-tensor statistics, a few KB per layer); every convolution
-with padding along H takes halo rows from its neighbours (halo_exchange: an all-gather of each rank's first and last
-rows only; the causal 3D convolutions' replicate padding repeats the image's own edge rows); the mid-block attention
+with padding along H takes halo rows from its neighbours (halo_rows: an all-gather of each rank's first and last
+rows only), without a padded copy of the shard (HaloConv2d corrects the zero-padded convolution's edge rows;
+HaloCausalConv3d pads in one buffer, repeating the image's own edge rows at its top and bottom); the mid-block attention
 takes its queries from this rank's rows and its keys and values from every row (an all-gather of the normalized
 latent-resolution tensor; causal over frames for the video decoder). Upsampling (nearest) is local.
 
@@ -48,23 +49,6 @@ def halo_rows(x: torch.Tensor, rows: int, group=None, dim: int = 2) -> tuple[tor
     above = everyone[rank - 1].narrow(dim, rows, rows) if rank > 0 else None
     below = everyone[rank + 1].narrow(dim, 0, rows) if rank < world - 1 else None
     return above, below
-
-
-def halo_exchange(x: torch.Tensor, rows: int, group=None, dim: int = 2, edge: str = "zeros") -> torch.Tensor:
-    """x, this rank's rows along `dim`, with `rows` rows of each neighbour before and after (halo_rows; a copy of
-    x). At the whole tensor's two ends: zeros (edge="zeros") or the end row repeated (edge="replicate": replicate
-    padding)."""
-    above, below = halo_rows(x, rows, group, dim)
-    n = x.shape[dim]
-
-    def end(first: bool) -> torch.Tensor:
-        shape = list(x.shape)
-        shape[dim] = rows
-        if edge == "zeros":
-            return x.new_zeros(shape)
-        return x.narrow(dim, 0 if first else n - 1, 1).expand(shape)
-
-    return torch.cat([end(True) if above is None else above, x, end(False) if below is None else below], dim=dim)
 
 
 class HaloConv2d(nn.Module):
@@ -208,7 +192,8 @@ class HaloCausalConv3d(nn.Module):
         buf = x.new_empty(B, C, t0 + T + t1, h0 + h + h1, w0 + W + w1)
         rows = buf[:, :, t0:t0 + T, :, w0:w0 + W]
         rows[:, :, :, h0:h0 + h].copy_(x)
-        for halo, dst, edge in ((above, rows[:, :, :, :h0], x[:, :, :, :1]), (below, rows[:, :, :, h0 + h:], x[:, :, :, -1:])):
+        for halo, dst, edge in ((above, rows[:, :, :, :h0], x[:, :, :, :1]),
+                                (below, rows[:, :, :, h0 + h:], x[:, :, :, -1:])):
             if halo is not None:
                 dst.copy_(halo)
             elif replicate:
@@ -220,7 +205,10 @@ class HaloCausalConv3d(nn.Module):
             for lo, hi, src in ((0, before, before), (before + n, before + n + after, before + n - 1)):
                 if hi > lo:
                     dst = part.narrow(d, lo, hi - lo)
-                    dst.copy_(part.narrow(d, src, 1).expand_as(dst)) if replicate else dst.zero_()
+                    if replicate:
+                        dst.copy_(part.narrow(d, src, 1).expand_as(dst))
+                    else:
+                        dst.zero_()
 
         pad_edges(4, w0, W, w1, buf[:, :, t0:t0 + T])  # W edges of the shard's frames, halo rows included
         pad_edges(2, t0, T, t1, buf)  # then whole frames
