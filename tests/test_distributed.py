@@ -176,6 +176,38 @@ def _gloo_cases(rank, world):
     else:
         _case(rank, world, (2, 24, 13, 5), 6, torch.float32, "relu", [5, 0, 8], 2, True, True, 3)
         _case(rank, world, (3, 8, 4, 10), 8, torch.float32, "identity", [3, 3, 4], 3, False, True, 4)  # G = C
+        _halo_conv_cases(rank, [3, 4, 5])
+
+
+def _halo_conv_cases(rank, sizes):
+    """The split decode benchmark's halo convolutions (scripts/bench/parallel_decode.py) on uneven row shards equal
+    the convolution of the whole tensor: HaloConv2d (zero padding 1 and 2: the shard's zero-padded convolution with
+    its edge rows corrected by the neighbours' halo rows) and HaloCausalConv3d (replicate and zero padding, causal
+    along T: one padded buffer)."""
+    import pathlib
+    import types
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+    import parallel_decode as pd
+
+    lo, n = sum(sizes[:rank]), sizes[rank]
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, sum(sizes), 6, generator=g) + 2
+    for k in (3, 5):
+        conv = torch.nn.Conv2d(3, 4, k, padding=k // 2)
+        with torch.no_grad():
+            conv.weight.copy_(torch.randn(conv.weight.shape, generator=g))
+            want = conv(x)[:, :, lo:lo + n]
+            got = pd.HaloConv2d(conv)(x[:, :, lo:lo + n])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    x5 = torch.randn(1, 3, 4, sum(sizes), 5, generator=g) + 2
+    for mode in ("replicate", "constant"):
+        causal = types.SimpleNamespace(conv=torch.nn.Conv3d(3, 2, 3), time_causal_padding=(1, 1, 1, 1, 2, 0),
+                                       pad_mode=mode)
+        with torch.no_grad():
+            want = causal.conv(F.pad(x5, causal.time_causal_padding, mode=mode))[:, :, :, lo:lo + n]
+            got = pd.HaloCausalConv3d(causal)(x5[:, :, :, lo:lo + n])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _run(rank, world, init, errfile, backend):
