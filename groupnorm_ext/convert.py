@@ -418,11 +418,15 @@ def _hy_causal_conv(m) -> bool:
             and c.padding_mode == "zeros" and tuple(c.padding) == (0, 0, 0) and _source_has(type(m), _HY_CAUSAL_CONV))
 
 
+def _hy_resnet_convs(m: nn.Module) -> bool:
+    """m's conv2 and shortcut (if any) are the causal convolutions _hy_conv_unbiased runs."""
+    shortcut = getattr(m, "conv_shortcut", None)
+    return _hy_causal_conv(getattr(m, "conv2", None)) and (shortcut is None or _hy_causal_conv(shortcut))
+
+
 def _is_hy_resnet(m: nn.Module) -> bool:
     return (_diffusers_class(m, "HunyuanVideoResnetBlockCausal3D") and "forward" not in m.__dict__
-            and _hy_causal_conv(getattr(m, "conv2", None))
-            and (m.conv_shortcut is None or _hy_causal_conv(m.conv_shortcut))
-            and _source_has(type(m), _HY_RESNET))
+            and _hy_resnet_convs(m) and _source_has(type(m), _HY_RESNET))
 
 
 def _is_hy_upsample(m: nn.Module) -> bool:
@@ -495,8 +499,7 @@ def _hy_resnet_forward(self, hidden_states):
     pend = _pending(hidden_states)
     if pend is None and not _stream_defers(self):
         return type(self).forward(self, hidden_states)
-    if (torch.is_grad_enabled() or torch.compiler.is_compiling() or not _hy_causal_conv(self.conv2)
-            or not (self.conv_shortcut is None or _hy_causal_conv(self.conv_shortcut))):  # or a conv swapped since
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or not _hy_resnet_convs(self):  # or swapped since
         return type(self).forward(self, _with_pending(hidden_states, pend))
     x = hidden_states.contiguous()
     if pend is not None and not isinstance(self.norm1, _PaddedGroupNormAct):  # only the padded norm reads it

@@ -610,6 +610,12 @@ inline int bulk_teams(int64_t group_chunks, int64_t groups, int64_t cap, int sms
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sms / team, groups / 2)));
 }
 
+// Consumer warps before any rule: GNEXT_BULK_CONSUMERS where set (clamped), else the most.
+inline int bulk_consumer_warps(const Tuning& t, bool bwd) {
+  const int most = bwd ? kBulkMaxConsumersBwd : kBulkMaxConsumers;
+  return t.bulk_consumers == kRule ? most : std::clamp(t.bulk_consumers, 1, most);
+}
+
 // Where the ring holds (ahead + 1) slices (ahead >= 1), every chunk stays in shared memory until its group is
 // normalized. Where it does not (streamed), the look-ahead is 1: `hold` chunks of each slice stay in a region of
 // 2 * hold stages, and the rest pass through the other stages (at least kBulkStreamStages, and one per warp that
@@ -628,8 +634,7 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
       vector_width(esize, p.HxW, r.aligned) == 1 || L >= (int64_t{1} << 31))
     return std::nullopt;
   BulkGeometry g{};
-  const int warps = bwd ? kBulkMaxConsumersBwd : kBulkMaxConsumers;
-  g.consumers = t.bulk_consumers == kRule ? warps : std::clamp(t.bulk_consumers, 1, warps);
+  g.consumers = bulk_consumer_warps(t, bwd);
   const bool fast = !persistent_kernels_pay(d.peak_gbs);
   // Teams copy 4 KiB chunks on every device: on the H200 they measured as fast as 16 KiB copies or faster, and the
   // ring holds 17 chunks of a slice at look-ahead 2 instead of 4 (docs/decisions/bulk.md). Larger copies stay with
@@ -772,7 +777,7 @@ inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Re
   ru.contiguous = true;
   Tuning tu = t;
   tu.bulk = t.bulk_nhwc;
-  const int consumers = t.bulk_consumers == kRule ? kBulkMaxConsumers : std::clamp(t.bulk_consumers, 1, kBulkMaxConsumers);
+  const int consumers = bulk_consumer_warps(t, false);
   const auto g = bulk_geometry(units, ru, false, d, tu, bulk_nhwc_header_bytes(consumers, p.G, p.C));
   if (!g || g->consumers % (g->parts * M) != 0) return std::nullopt;
   if (t.bulk_nhwc == 2) return g;
