@@ -25,11 +25,12 @@ STABLE_TORCH_LIBRARY(gnext, m) {
   m.def(
       "group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " int num_groups, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
-  // out = act(GroupNorm(input)) + residual, act one of identity, silu, gelu, gelu_tanh, relu, tanh,
-  // hardswish, tanh_hardswish (hardswish(tanh(.))); residual of input's shape or None.
+  // out = act(GroupNorm(input + input_bias[c])) + residual, act one of identity, silu, gelu, gelu_tanh, relu, tanh,
+  // hardswish, tanh_hardswish (hardswish(tanh(.))); residual of input's shape or None; input_bias (C,) or None (the
+  // bias of the convolution that wrote input, run without it); mean/rstd (N, G) float32, of input + input_bias.
   m.def(
       "group_norm_act(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation,"
-      " Tensor? residual) -> (Tensor out, Tensor mean, Tensor rstd)");
+      " Tensor? residual, Tensor? input_bias=None) -> (Tensor out, Tensor mean, Tensor rstd)");
   // out = F.pad(act(GroupNorm(input + input_bias[c])), pad, mode, value), the padded tensor written in one pass after
   // the statistics (the input of a convolution that pads by itself, e.g. a causal 3-D one); mode "replicate" or
   // "constant"; pad as F.pad takes it (the last spatial dim first); input_bias (C,) or None (the bias of the
@@ -176,14 +177,16 @@ static PyObject* set_tuning_py(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-// _plan((N, C, G, HxW), esize, channels_last, act, residual, device) -> str: the forward and backward plans for
+// _plan((N, C, G, HxW), esize, channels_last, act, residual, device[, input_bias]) -> str: the forward and backward
+// plans (input_bias: the forward with an input shift) for
 // `device`, a 7-tuple (SMs, CC major, shared memory per SM, per block, reserved per block, L2 bytes, peak GB/s),
 // or None: the current CUDA device. _device() -> that 7-tuple of the current CUDA device.
 static PyObject* plan_py(PyObject*, PyObject* args) {
   long long N, C, G, HxW;
-  int esize, cl, act, residual;
+  int esize, cl, act, residual, input_bias = 0;
   PyObject* dev = nullptr;
-  if (!PyArg_ParseTuple(args, "(LLLL)ipipO", &N, &C, &G, &HxW, &esize, &cl, &act, &residual, &dev)) return nullptr;
+  if (!PyArg_ParseTuple(args, "(LLLL)ipipO|p", &N, &C, &G, &HxW, &esize, &cl, &act, &residual, &dev, &input_bias))
+    return nullptr;
 #ifdef USE_CUDA
   try {
     std::array<int64_t, 7> d{};
@@ -194,14 +197,14 @@ static PyObject* plan_py(PyObject*, PyObject* args) {
       if (!PyArg_ParseTuple(dev, "LLLLLLL", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6])) return nullptr;
       for (int i = 0; i < 7; ++i) d[i] = v[i];
     }
-    const std::string text = gnext::describe_plans({N, C, G, HxW}, esize, cl != 0, act, residual != 0, d);
+    const std::string text = gnext::describe_plans({N, C, G, HxW}, esize, cl != 0, act, residual != 0, d, input_bias != 0);
     return PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size()));
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
 #else
-  (void)N, (void)C, (void)G, (void)HxW, (void)esize, (void)cl, (void)act, (void)residual, (void)dev;
+  (void)N, (void)C, (void)G, (void)HxW, (void)esize, (void)cl, (void)act, (void)residual, (void)dev, (void)input_bias;
   PyErr_SetString(PyExc_RuntimeError, "gnext was built without CUDA: there is no CUDA planner");
   return nullptr;
 #endif

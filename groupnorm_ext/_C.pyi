@@ -11,6 +11,7 @@ def _plan(
     act: int,
     residual: bool,
     device: tuple[int, int, int, int, int, int, int] | None,
+    input_bias: bool = ...,
     /,
 ) -> str: ...
 def _device() -> tuple[int, int, int, int, int, int, int]: ...

@@ -5,7 +5,7 @@ compiled module uses PyTorch's stable ABI, so it runs on every torch release fro
 on, not only the one it was built against. Exit status 0 when the ops can run on this machine's GPU (or,
 without a GPU, on the CPU), 1 otherwise.
 
-``python -m groupnorm_ext --plan 1,128,1024,1024:32:float16[:cl] [--device h200] [--act silu]``: the kernels
+``python -m groupnorm_ext --plan 1,128,1024,1024:32:float16[:cl] [--device h200] [--act silu] [--input-bias]``: the kernels
 and geometry the planner picks for that GroupNorm, forward and backward, and why, on the visible GPU or on a
 named one (no GPU needed).
 
@@ -117,7 +117,7 @@ def parse_shape(spec: str):
     return dims[0], dims[1], G, hxw, _DTYPES[parts[2]], len(parts) == 4
 
 
-def plan(spec: str, device: str | None, activation: str, residual: bool) -> int:
+def plan(spec: str, device: str | None, activation: str, residual: bool, input_bias: bool = False) -> int:
     from ._library import ACTIVATIONS, _C
 
     N, C, G, hxw, esize, cl = parse_shape(spec)
@@ -133,7 +133,7 @@ def plan(spec: str, device: str | None, activation: str, residual: bool) -> int:
     else:
         dev, name = DEVICES[device], device
     print(f"plan on {name}")
-    print(_C._plan((N, C, G, hxw), esize, cl, ACTIVATIONS.index(activation), residual, dev), end="")
+    print(_C._plan((N, C, G, hxw), esize, cl, ACTIVATIONS.index(activation), residual, dev, input_bias), end="")
     return 0
 
 
@@ -148,6 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=sorted(DEVICES), help="--plan for this GPU instead of the visible one")
     p.add_argument("--act", default="identity", help="--plan with this output activation (group_norm_act)")
     p.add_argument("--residual", action="store_true", help="--plan with a residual added after the activation")
+    p.add_argument("--input-bias", action="store_true",
+                   help="--plan with a convolution's bias added to the input as it is read (input_bias)")
     args = p.parse_args(argv)
     if args.command == "bench":
         from . import _bench
@@ -157,7 +159,7 @@ def main(argv=None) -> int:
         return info()
     if args.plan:
         try:
-            return plan(args.plan, args.device, args.act, args.residual)
+            return plan(args.plan, args.device, args.act, args.residual, args.input_bias)
         except ValueError as e:
             p.error(str(e))
     p.print_help()

@@ -127,8 +127,10 @@ def group_norm_act(
     eps: float = 1e-5,
     activation: str = "silu",
     residual: Optional[torch.Tensor] = None,
+    *,
+    input_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    r"""``act(group_norm(input)) + residual`` in one op: GroupNorm (Wu & He 2018, as
+    r"""``act(group_norm(input + input_bias[c])) + residual`` in one op: GroupNorm (Wu & He 2018, as
     :func:`group_norm`) with the activation and the residual add as an epilogue of the same kernels,
     so the normalized tensor is never written to memory.
 
@@ -138,21 +140,30 @@ def group_norm_act(
             ``hardswish``, ``tanh_hardswish`` (``hardswish(tanh(.))``, KernelBench L2#92), with
             PyTorch's formulas.
         residual: optional tensor of ``input``'s shape, dtype and device, added after the activation.
+        input_bias: ``(C,)`` tensor of ``input``'s dtype or float32, or None: the op normalizes
+            ``input + input_bias[c]`` (the bias of the convolution that wrote ``input``, run without it),
+            read as ``input`` is, so that no pass adds it first; the sum is taken in float32. On CUDA this
+            takes the two-pass kernels, or the wide channels_last one where it applies.
 
     Returns:
         Tensor of ``input``'s shape, dtype and memory format.
 
     Raises:
         RuntimeError: as :func:`group_norm`; unknown activation; residual of another shape, dtype or
-        device.
+        device; ``input_bias`` of another shape, dtype or device.
 
-    Differentiable in input, weight, bias and residual; traceable by ``torch.compile(fullgraph=True)``.
+    Differentiable in input, weight, bias, residual and input_bias; traceable by
+    ``torch.compile(fullgraph=True)``.
     """
     if input.dtype == torch.float64:  # ATen's ops, as group_norm
         act = _cpu.parse_activation("gnext.group_norm_act", activation)
+        _cpu.check_input_bias("gnext.group_norm_act", input, input_bias)
+        input = _cpu.biased_input(input, input_bias)
         out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
         return out if residual is None else out + residual
-    return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual)
+    if input_bias is None:
+        return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual)
+    return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual, input_bias)
 
 
 def group_norm_act_pad(

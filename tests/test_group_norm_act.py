@@ -19,9 +19,11 @@ CL = torch.channels_last
 ACTS = list(ge.functional.ACTIVATIONS)
 
 
-def _reference(x, G, w, b, res, act, dy):
-    leaves = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, w, b, res)]
-    xd, wd, bd, rd = leaves
+def _reference(x, G, w, b, res, act, dy, ib=None):
+    leaves = [t.detach().cpu().double().requires_grad_() if t is not None else None for t in (x, w, b, res, ib)]
+    xd, wd, bd, rd, ibd = leaves
+    if ibd is not None:
+        xd = xd + ibd.view((1, -1) + (1,) * (xd.dim() - 2))
     y = act_ref(F.group_norm(xd, G, wd, bd, 1e-5), act)
     if rd is not None:
         y = y + rd
@@ -30,16 +32,18 @@ def _reference(x, G, w, b, res, act, dy):
     return y.detach(), [next(grads) if t is not None else None for t in leaves]
 
 
-def _check(device, dtype, fmt, shape, G, act, with_res, affine=True, seed=0):
+def _check(device, dtype, fmt, shape, G, act, with_res, affine=True, seed=0, input_bias=None):
+    """input_bias: None, or the dtype of a per-channel bias (spread 3 around -1) that the op adds to x."""
     gen = torch.Generator().manual_seed(seed)
     x = rand_input(shape, dtype, device, memory_format=fmt, gen=gen)
     C = shape[1]
     w = (torch.randn(C, generator=gen) * 0.5 + 1).to(device, dtype) if affine else None
     b = (torch.randn(C, generator=gen) * 0.5).to(device, dtype) if affine else None
     res = rand_input(shape, dtype, device, scale=1.0, offset=-0.5, memory_format=fmt, gen=gen) if with_res else None
-    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w, b, res)]
+    ib = (torch.randn(C, generator=gen) * 3 - 1).to(device, input_bias) if input_bias is not None else None
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w, b, res, ib)]
     poison(device, 8 * x.numel())
-    y = ge.group_norm_act(leaves[0], G, leaves[1], leaves[2], 1e-5, act, leaves[3])
+    y = ge.group_norm_act(leaves[0], G, leaves[1], leaves[2], 1e-5, act, leaves[3], input_bias=leaves[4])
     assert y.shape == x.shape and y.dtype == dtype
     if fmt is not None:
         assert y.is_contiguous(memory_format=fmt)
@@ -47,11 +51,11 @@ def _check(device, dtype, fmt, shape, G, act, with_res, affine=True, seed=0):
     present = [t for t in leaves if t is not None]
     grads = iter(torch.autograd.grad(y, present, dy))
     grads = [next(grads) if t is not None else None for t in leaves]
-    ref, ref_grads = _reference(x, G, w, b, res, act, dy)
+    ref, ref_grads = _reference(x, G, w, b, res, act, dy, ib)
     assert torch.isfinite(y).all()
     # activations with larger slopes (tanh chains) keep the GroupNorm error bounds within 2x
     assert rel_err(y.cpu(), ref) <= 2 * FWD_TOL[dtype], (act, rel_err(y.cpu(), ref))
-    for name, g, r in zip(("input", "weight", "bias", "residual"), grads, ref_grads):
+    for name, g, r in zip(("input", "weight", "bias", "residual", "input_bias"), grads, ref_grads):
         assert (g is None) == (r is None)
         if g is not None:
             assert torch.isfinite(g).all(), name
@@ -68,6 +72,60 @@ def test_matches_float64_reference(device, act, dtype, fmt):
         pytest.skip("covered on CUDA")
     _check(device, dtype, fmt, (2, 12, 9, 7), 4, act, with_res=True, seed=ACTS.index(act))
     _check(device, dtype, fmt, (3, 8, 5, 6), 8, act, with_res=False, affine=False, seed=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("fmt", [None, CL], ids=["nchw", "cl"])
+@pytest.mark.parametrize("bias_dtype", ["input", "float32"])
+def test_input_bias(device, dtype, fmt, bias_dtype):
+    """GroupNorm of x + input_bias[c] (a convolution's bias not yet added): forward, mean/rstd and every gradient,
+    input_bias's included, against float64; with and without a residual, odd sizes, G = C."""
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("covered on CUDA")
+    ib = dtype if bias_dtype == "input" else torch.float32
+    _check(device, dtype, fmt, (2, 12, 9, 7), 4, "silu", with_res=True, seed=21, input_bias=ib)
+    _check(device, dtype, fmt, (3, 8, 5, 6), 2, "gelu", with_res=False, affine=False, seed=22, input_bias=ib)
+    if fmt is None:
+        _check(device, dtype, fmt, (1, 16, 13), 2, "relu", with_res=False, seed=23, input_bias=ib)
+    # G = C: each channel's shift cancels; the output is that of x, input_bias's gradient ~0 against |dx|'s sums
+    gen = torch.Generator().manual_seed(27)
+    x = rand_input((3, 8, 5, 6), dtype, device, memory_format=fmt, gen=gen).requires_grad_()
+    b = (torch.randn(8, generator=gen) * 3).to(device, ib).requires_grad_()
+    y = ge.group_norm_act(x, 8, None, None, 1e-5, "gelu", input_bias=b)
+    torch.testing.assert_close(y, ge.group_norm_act(x.detach(), 8, None, None, 1e-5, "gelu"),
+                               rtol=4 * FWD_TOL[dtype], atol=4 * FWD_TOL[dtype])
+    dx, db = torch.autograd.grad(y, [x, b], torch.randn(y.shape, generator=gen).to(device, dtype))
+    scale = dx.float().abs().sum(dim=(0, 2, 3))
+    assert (db.float().abs() <= 4 * BWD_TOL[dtype] * scale).all(), (db, scale)
+    # mean/rstd are those of x + input_bias
+    gen = torch.Generator().manual_seed(24)
+    x = rand_input((2, 8, 6, 5), dtype, device, memory_format=fmt, gen=gen)
+    b = (torch.randn(8, generator=gen) * 4).to(device, ib)
+    _, mean, rstd = torch.ops.gnext.group_norm_act(x, 2, None, None, 1e-5, "identity", None, b)
+    v = (x.double() + b.double().view(1, -1, 1, 1)).reshape(2, 2, -1)
+    torch.testing.assert_close(mean.double(), v.mean(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd.double(), (v.var(-1, unbiased=False) + 1e-5).rsqrt(), rtol=1e-4, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("knobs,shape,G,fmt", [
+    ("GNEXT_WIDE_NHWC=2", (1, 64, 40, 36), 16, CL),   # the wide channels_last kernel (per-channel sums)
+    ("GNEXT_WIDE_NHWC=2", (2, 96, 17, 19), 24, CL),   # several images (look-ahead), 2-byte vectors in two groups
+    ("", (2, 320, 16, 16), 32, CL),                   # NHWC two-pass
+    ("", (2, 64, 40, 40), 16, None),                  # NCHW: one-pass without input_bias, two-pass with it
+    ("", (2, 64, 33, 35), 16, None),                  # rows not 16-byte aligned
+    ("", (64, 64, 4, 4), 16, None),                   # small groups: two-pass with input_bias
+])
+def test_input_bias_kernel_paths(act, knobs, shape, G, fmt, tuning):
+    """The kernels that take input_bias (two-pass: the finalize shifts each channel's moments; the wide
+    channels_last forward: its per-channel sums), with a residual, forward and backward, large per-channel biases."""
+    for knob in knobs.split():
+        tuning.set(*knob.split("="))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        _check("cuda", dtype, fmt, shape, G, act, with_res=True, seed=25, input_bias=torch.float32)
+        _check("cuda", dtype, fmt, shape, G, act, with_res=False, seed=26, input_bias=dtype)
 
 
 @pytest.mark.gpu
@@ -414,6 +472,15 @@ def test_bad_input_messages(device):
         ge.group_norm_act(x, 4, residual=x.double())
     with pytest.raises(RuntimeError, match="divisible by num_groups=3"):
         ge.group_norm_act(x, 3)
+    with pytest.raises(RuntimeError, match=r"input_bias must have shape \(C,\) = \(8\), got input_bias.shape=\[4\]"):
+        ge.group_norm_act(x, 4, input_bias=torch.zeros(4, device=device))
+    with pytest.raises(RuntimeError, match=r"input_bias dtype must match input \(Float\) or be float32, got Half"):
+        ge.group_norm_act(x, 4, input_bias=torch.zeros(8, device=device, dtype=torch.half))
+    with pytest.raises(RuntimeError, match=r"input_bias dtype must match input \(Float\) or be float32, got Long"):
+        ge.group_norm_act(x, 4, input_bias=torch.zeros(8, device=device, dtype=torch.long))
+    if device != "cpu":
+        with pytest.raises(RuntimeError, match="input_bias is on cpu but input is on cuda"):
+            ge.group_norm_act(x, 4, input_bias=torch.zeros(8))
 
 
 def _large_mean_case(device, seed, shape=(1, 12, 65, 2), mean=1000.0):
@@ -493,7 +560,7 @@ def _exact_grad_errors(device, act, seeds, shape=(1, 12, 65, 2), mean=1000.0):
     G, ours, eager = 3, [], []
     for seed in seeds:
         x, w, b, dy = _large_mean_case(device, seed, shape=shape, mean=mean)
-        _, (rdx, _, _, _) = _reference(x, G, w, b, None, act, dy)
+        _, (rdx, _, _, _, _) = _reference(x, G, w, b, None, act, dy)
         xg = x.detach().requires_grad_()
         (dx,) = torch.autograd.grad(ge.group_norm_act(xg, G, w, b, 1e-5, act), xg, dy)
         xe = x.detach().requires_grad_()
@@ -538,7 +605,7 @@ def test_single_element_groups_grad_input_exactly_zero(device, act, shape, fmt):
     out = ge.group_norm_act(leaves[0], C, leaves[1], leaves[2], 1e-5, act)
     dx, dw, db = torch.autograd.grad(out, leaves, dy)
     assert torch.equal(dx, torch.zeros_like(dx)), dx.abs().max().item()
-    _, (_, rdw, rdb, _) = _reference(x, C, w, b, None, act, dy)
+    _, (_, rdw, rdb, _, _) = _reference(x, C, w, b, None, act, dy)
     assert rel_err(db.cpu(), rdb) <= 1e-5
     assert dw.abs().max().item() <= 1e-6 * max(1.0, dy.abs().max().item())
     (dx_gn,) = torch.autograd.grad(ge.group_norm(leaves[0], C, leaves[1], leaves[2], 1e-5), leaves[0], dy)

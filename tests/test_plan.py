@@ -26,10 +26,10 @@ def _cuda_build():
 needs_planner = pytest.mark.skipif(not _cuda_build(), reason="CPU-only build: no CUDA planner")
 
 
-def _plan(spec, device, act="identity"):
+def _plan(spec, device, act="identity", input_bias=False):
     N, C, G, hxw, esize, cl = cli.parse_shape(spec)
     text = _C._plan((N, C, G, hxw), esize, cl, groupnorm_ext._library.ACTIVATIONS.index(act), False,
-                    cli.DEVICES[device])
+                    cli.DEVICES[device], input_bias)
     fwd = text.split("forward: ")[1].split(" (")[0]
     bwd = text.split("backward: ")[1].split(" (")[0]
     return fwd, bwd, text
@@ -313,3 +313,21 @@ def test_plan_cli_prints_both_directions_and_rejects_bad_specs(capsys):
     for bad in ("1,130,8,8:32:float16", "1,128,8,8:32:int8", "1,128,8,8:32", "1,128,8,8:32:float16:nhwc"):
         with pytest.raises(SystemExit):
             cli.main(["--plan", bad, "--device", "h100"])
+
+
+@needs_planner
+def test_input_bias_rule():
+    """A forward with input_bias (a convolution's bias that the op adds as it reads) takes the kernels that hold
+    per-channel sums: the wide channels_last kernel where its rule applies, else two-pass (2R + 1W, less than a
+    bias pass before a one-pass kernel); the backward's plan does not change. The AutoencoderKL decoder's maps."""
+    for device in ("h100", "h200"):
+        for spec in ("1,512,128,128:32:float16:cl", "1,256,512,512:32:float16:cl", "1,512,256,256:32:bfloat16:cl",
+                     "1,128,256,256:32:float16", "2,64,40,40:16:float32", "64,64,4,4:16:float16",
+                     "1,128,1024,1024:32:float16", "112,64,512,512:8:float32"):
+            plain = _plan(spec, device, "silu")
+            fwd, bwd, text = _plan(spec, device, "silu", input_bias=True)
+            assert "input bias" in text.split("\n")[0], text
+            expected = "wide channels_last" if plain[0] == "wide channels_last" else "two-pass"
+            assert fwd == expected and bwd == plain[1], (spec, device, text)
+            assert "input shift" in text.split("backward:")[0], text
+    assert _plan("1,512,128,128:32:float16:cl", "h200", "silu", input_bias=True)[0] == "wide channels_last"

@@ -147,11 +147,14 @@ inline std::tuple<OptTensor, OptTensor, OptTensor> alloc_backward_outputs(const 
 //    grad_input is then d/dx = dL/da * act'(x + bias). Used by the fused ConvTranspose2d+GELU+GroupNorm op.
 //  * output epilogue (act != kActIdentity, or a residual): out = act(GroupNorm(x)) + residual; the
 //    backward takes dL/dout and returns the gradients of x, gamma, beta (the residual's is dL/dout).
+// An input shift (forward, with the epilogue or none, not with a prologue) goes with either: GroupNorm of
+// x + input_bias[c], read as x is (the bias of the convolution that wrote x, run without it).
 struct Pointwise {
   int kind = kPreNone;
   OptTensor bias;
   int act = kActIdentity;
   OptTensor residual;  // forward only
+  OptTensor input_bias;  // forward only: (C,) of x's dtype or float32, or none
   OptTensor gn_bias;   // backward with an activation: GroupNorm's beta, to recompute act's input
 };
 
@@ -229,6 +232,8 @@ inline void check_pointwise(const char* op, const Tensor& input, const Pointwise
   GNEXT_CHECK(pro.kind == kPreNone || (pro.act == kActIdentity && !defined(pro.residual)), op,
               ": a prologue and an epilogue cannot be combined");
   if (defined(pro.residual)) check_like_input(op, "residual", *pro.residual, input);
+  GNEXT_CHECK(pro.kind == kPreNone || !defined(pro.input_bias), op, ": a prologue takes no input_bias");
+  check_input_bias(op, input, pro.input_bias);
   if (!defined(pro.bias)) return;
   const Tensor& b = *pro.bias;
   GNEXT_CHECK(b.dim() == 1 && b.size(0) == input.size(1) && b.is_contiguous(), op,

@@ -99,6 +99,7 @@ gn::Request request_of(const Tensor& x, const Pointwise& pro) {
   r.prologue = pro.kind != kPreNone;
   r.act = pro.act;
   r.residual = defined(pro.residual);
+  r.input_shift = defined(pro.input_bias);
   return r;
 }
 
@@ -108,10 +109,10 @@ struct TwoPassStats {
   Scratch ws;
   float* coef = nullptr;
 };
-// shift: (C,) float32 or null, the statistics are those of x + shift[c] (the coefficients still apply to x).
+// shift: the statistics are those of x + shift[c] where given (the coefficients still apply to x).
 TwoPassStats two_pass_stats(ScalarKind t, const Problem& p, const gn::ReduceGeometry& rg, const Tensor& x,
                             const gn::PwArgs& pw, const OptTensor& w, const OptTensor& b, const Tensor& mean,
-                            const Tensor& rstd, double eps, cudaStream_t stream, const float* shift = nullptr) {
+                            const Tensor& rstd, double eps, cudaStream_t stream, gn::ChannelShift shift = {}) {
   const int64_t n_partial = p.N * p.C * rg.K * 3, n_coef = p.N * p.C * 4;
   TwoPassStats st{scratch(x, scratch_floats({n_partial, n_coef}), stream)};
   float* partial = st.ws.take(n_partial);
@@ -161,6 +162,12 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   const Tensor res = defined(pro.residual) ? dense_in(*pro.residual, suggest_format(x)) : Tensor();
   const gn::PwArgs pw = pw_args(pro, res, nullptr, w, b);
   const cudaStream_t stream = current_stream(x);
+  // The input shift, read in its dtype; the planner gave a kernel that takes it (two-pass or wide channels_last).
+  const Tensor shift_t = defined(pro.input_bias) ? contig(*pro.input_bias) : Tensor();
+  const gn::ChannelShift shift{shift_t.defined() ? shift_t.data_ptr() : nullptr,
+                               shift_t.defined() ? scalar_kind(shift_t.scalar_type()) : ScalarKind::Float};
+  GNEXT_CHECK(!shift.p || plan.kernel == Kernel::kTwoPass || plan.kernel == Kernel::kWideNhwc, op,
+              ": internal error: a plan without an input shift for input_bias");
   // The kernels that take OnePassArgs (one-pass, wide, small-group) get the same arguments: n_partial floats of
   // scratch for their partials (none: no allocation), `counters`, and launch(args).
   auto run_persistent = [&](int64_t n_partial, const Counters& counters,
@@ -171,7 +178,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
     a.x = x.data_ptr(), a.out = yk.data_ptr(), a.gamma = ptr_or_null(w), a.beta = ptr_or_null(b);
     a.wt = param_kind(w, b, ScalarType::Float);
     a.mean = ptr<float>(mean), a.rstd = ptr<float>(rstd), a.partial = ws.take(n_partial);
-    a.counters = counters.ptr, a.eps = static_cast<float>(eps), a.pw = pw;
+    a.counters = counters.ptr, a.eps = static_cast<float>(eps), a.pw = pw, a.in_shift = shift;
     GNEXT_CUDA_CHECK(launch(a));
     if (y_copy) copy_into(out, y);
     if (nhwc_out_nchw) copy_into(out, yk);
@@ -202,7 +209,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
     case Kernel::kTwoPass:
       break;
   }
-  const TwoPassStats st = two_pass_stats(t, p, plan.reduce, x, pw, w, b, mean, rstd, eps, stream);
+  const TwoPassStats st = two_pass_stats(t, p, plan.reduce, x, pw, w, b, mean, rstd, eps, stream, shift);
   AffineGeometry ag = plan.affine;
   gn::PwArgs pw_out = pw;
   const bool copy_nchw = nhwc_out_nchw && !plan_out_nchw(ag, pw_out, nhwc_out_nchw, pro, p, x.element_size());
@@ -362,7 +369,9 @@ std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const Probl
   GNEXT_CUDA_CHECK(gn::launch_finalize_forward(ScalarKind::Float, p, partial_layout(p, rg), ptr<float>(partial),
                                              nullptr, nullptr, ptr<float>(mean), ptr<float>(rstd),
                                              /*coef=*/nullptr, static_cast<float>(eps),
-                                             shift.defined() ? ptr<float>(shift) : nullptr, stream));
+                                             gn::ChannelShift{shift.defined() ? ptr<float>(shift) : nullptr,
+                                                              ScalarKind::Float},
+                                             stream));
   return {mean, rstd};
 }
 
@@ -431,7 +440,7 @@ namespace {
 // The statistics of the ops whose second pass walks NCHW rows (padded and modulated outputs): x (and weight/bias)
 // contiguous, the two-pass reduction into mean/rstd and the rows' coefficients (st.coef), pw the output activation.
 struct NchwStats {
-  Tensor x, input_bias;  // input_bias: float32 (C,), or undefined
+  Tensor x, input_bias;  // input_bias: (C,) contiguous, or undefined
   OptTensor w, b;
   cudaStream_t stream;
   ScalarKind t;
@@ -445,7 +454,7 @@ NchwStats nchw_stats(const Problem& s, const Tensor& input, const OptTensor& wei
                      const OptTensor& input_bias = {}) {
   NchwStats r;
   r.x = contig(input);
-  if (defined(input_bias)) r.input_bias = contig(to_dtype(*input_bias, ScalarType::Float));
+  if (defined(input_bias)) r.input_bias = contig(*input_bias);
   r.w = defined(weight) ? OptTensor(contig(*weight)) : std::nullopt;
   r.b = defined(bias) ? OptTensor(contig(*bias)) : std::nullopt;
   gn::Request req = request_of(r.x, Pointwise{});
@@ -454,7 +463,9 @@ NchwStats nchw_stats(const Problem& s, const Tensor& input, const OptTensor& wei
   r.stream = current_stream(r.x);
   r.t = scalar_kind(input.scalar_type());
   r.st = two_pass_stats(r.t, s, plan.reduce, r.x, gn::PwArgs{}, r.w, r.b, mean, rstd, eps, r.stream,
-                        defined(input_bias) ? ptr<float>(r.input_bias) : nullptr);
+                        gn::ChannelShift{defined(input_bias) ? r.input_bias.data_ptr() : nullptr,
+                                         defined(input_bias) ? scalar_kind(input_bias->scalar_type())
+                                                             : ScalarKind::Float});
   r.pw = pw_args(pro, Tensor(), nullptr, r.w, r.b);
   return r;
 }

@@ -62,7 +62,7 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
 
 cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
                                     const void* gamma, const void* beta, float* mean, float* rstd, float* coef,
-                                    float eps, const float* shift, cudaStream_t stream) {
+                                    float eps, ChannelShift shift, cudaStream_t stream) {
   // Threads for one round of four loads each where the group has many partials (NHWC: D * K, K up to a few
   // hundred chunks per image), 256 at least. H100, 1x128x1024x1024 fp16 channels_last (D * K = 2112): 7.8 us
   // with 256 threads, 5.1 with 544.

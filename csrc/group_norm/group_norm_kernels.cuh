@@ -362,8 +362,7 @@ template <typename W>
 __global__ void __launch_bounds__(1024)
     finalize_forward_kernel(const WelfordState* __restrict__ partial, PartialLayout L, const W* __restrict__ gamma,
                             const W* __restrict__ beta, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                            float4* __restrict__ coef, int64_t C, int64_t G, float eps,
-                            const float* __restrict__ shift) {
+                            float4* __restrict__ coef, int64_t C, int64_t G, float eps, ChannelShift shift) {
   pdl_trigger();
   pdl_wait();  // launch_dependent: the kernel before it has completed
   __shared__ WelfordState scratch[33];
@@ -384,7 +383,7 @@ __global__ void __launch_bounds__(1024)
       if (j < total) {
         const int64_t d = channel_fastest ? j % D : j / L.K, k = channel_fastest ? j / D : j % L.K;
         q[u] = p[d * L.s_c + k * L.s_k];
-        if (shift) q[u].mean += shift[g * D + d];
+        if (shift.p) q[u].mean += load_param(shift.p, shift.t, g * D + d, 0.f);
       }
     }
 #pragma unroll
@@ -402,7 +401,7 @@ __global__ void __launch_bounds__(1024)
     const int64_t c = g * D + d;
     const float w = gamma ? to_float(gamma[c]) : 1.f, b = beta ? to_float(beta[c]) : 0.f;
     // With a shift (statistics of x + shift[c]), the elementwise pass still reads x: x - (mean - shift[c]).
-    coef[n * C + c] = make_float4(shift ? s.mean - shift[c] : s.mean, rstd * w, 0.f, b);
+    coef[n * C + c] = make_float4(s.mean - load_param(shift.p, shift.t, c, 0.f), rstd * w, 0.f, b);
   }
 }
 

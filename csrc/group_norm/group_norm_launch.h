@@ -21,6 +21,13 @@ constexpr int kNhwcActFwdThreads = 256;  // NHWC forward affine with an activati
 
 enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
 
+// A per-channel input shift (C,) in its own dtype (a convolution's bias that x does not hold yet), or none (p null):
+// read in its dtype so that no conversion pass runs per call.
+struct ChannelShift {
+  const void* p;
+  ScalarKind t;
+};
+
 // input (N, C, *), HxW = prod(spatial), D = C / G.
 struct Problem {
   int64_t N, C, G, D, HxW;
@@ -121,6 +128,7 @@ struct OnePassArgs {
   unsigned* counters;  // one per group / unit, zero on entry and on exit; null when T == 1
   float eps;
   PwArgs pw;           // NCHW only (the NHWC one-pass kernel has no pointwise extension)
+  ChannelShift in_shift;  // forward, wide channels_last kernel only: GroupNorm of x + in_shift[c], or none
 };
 cudaError_t launch_onepass(bool bwd, ScalarKind t, const Problem& p, const OnePassGeometry& g, const OnePassArgs& a,
                            cudaStream_t stream);
@@ -323,11 +331,10 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
                           const void* dy, const float* mean, float* partial, const PwArgs& pw,
                           cudaStream_t stream);
 // mean/rstd per (n, g) and, if coef is non-null, coef = (mean, rstd*gamma, 0, beta) per (n, c). wt: gamma/beta type.
-// shift (float32 (C,) or null): statistics of x + shift[c] from the partials of x (a Welford state
-// shifts by its mean).
+// shift (or none): statistics of x + shift[c] from the partials of x (a Welford state shifts by its mean).
 cudaError_t launch_finalize_forward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
                                     const void* gamma, const void* beta, float* mean, float* rstd, float* coef,
-                                    float eps, const float* shift, cudaStream_t stream);
+                                    float eps, ChannelShift shift, cudaStream_t stream);
 // dsum (n, c) = (sum dy*(x-mean), sum dy) if non-null; coef = (mean, c2, rstd*gamma, c3) if non-null.
 cudaError_t launch_finalize_backward(ScalarKind wt, const Problem& p, const PartialLayout& L, const float* partial,
                                      const float* mean, const float* rstd, const void* gamma, float* dsum, float* coef,

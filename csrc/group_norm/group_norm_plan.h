@@ -53,6 +53,7 @@ struct Request {
   bool prologue = false;   // input prologue pre(x + bias[c]) (the fused conv op)
   int act = kActIdentity;  // output activation
   bool residual = false;   // output residual
+  bool input_shift = false;  // forward: statistics and output of x + input_bias[c] (a convolution's bias)
   bool flat = true;        // backward: x and dy NCHW-contiguous
   bool need_dx = true;     // backward: grad_input wanted
 };
@@ -810,6 +811,19 @@ inline Plan two_pass(Plan plan, const Problem& p, const Request& r, bool bwd, co
 inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, const Tuning& t) {
   Plan plan;
   plan.nhwc = use_nhwc(p, r, kMomentsStateBytes, d, t);
+  // An input shift (the bias of the convolution that wrote x): the two-pass finalize shifts each channel's
+  // moments and the wide channels_last kernel its per-channel sums; the other kernels hold per-group sums only.
+  // Two-pass with the shift reads 2R + 1W, less than the 2R + 2W of a bias pass before a one-pass kernel.
+  if (r.input_shift) {
+    if (plan.nhwc)
+      if (const auto g = wide_nhwc_geometry(p, r, d, t)) {
+        plan.kernel = Kernel::kWideNhwc, plan.wide = *g;
+        plan.why = "wide channels_last with an input shift: one image >= 8 MiB held in shared memory + L2";
+        return plan;
+      }
+    plan.why = "two-pass with an input shift: the finalize shifts each channel's moments (2R + 1W)";
+    return two_pass(plan, p, r, false, d, t);
+  }
   const auto small = small_geometry(p, r, false, d, t);
   // HxW == 1 in NCHW memory: the small-group kernel is one launch where the NHWC kernels take three.
   if (plan.nhwc && p.HxW == 1 && r.contiguous && small) plan.nhwc = false;

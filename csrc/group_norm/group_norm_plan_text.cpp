@@ -108,11 +108,11 @@ std::string describe(const char* dir, bool bwd, const gn::Plan& pl, const gn::Pr
 }  // namespace
 
 std::string describe_plans(const gn::Problem& p, const gn::Request& r, const gn::Device& d, const gn::Tuning& t) {
-  std::string s = fmt("problem: N=%lld C=%lld G=%lld HxW=%lld, %d-byte elements, %s%s%s; %s, %lld groups of %s\n",
+  std::string s = fmt("problem: N=%lld C=%lld G=%lld HxW=%lld, %d-byte elements, %s%s%s%s; %s, %lld groups of %s\n",
                       static_cast<long long>(p.N), static_cast<long long>(p.C), static_cast<long long>(p.G),
                       static_cast<long long>(p.HxW), static_cast<int>(r.esize),
                       r.contiguous ? "NCHW" : "channels_last", r.act != kActIdentity ? ", output activation" : "",
-                      r.residual ? ", residual" : "", mib(p.N * p.C * p.HxW * r.esize).c_str(),
+                      r.residual ? ", residual" : "", r.input_shift ? ", input bias" : "", mib(p.N * p.C * p.HxW * r.esize).c_str(),
                       static_cast<long long>(p.N * p.G), mib(p.D * p.HxW * r.esize).c_str());
   s += fmt("device: %d SMs, sm_%d0+, %lld KiB shared memory per SM (%lld per block), %s L2, peak DRAM %lld GB/s "
            "(persistent kernels pay: %s)\n",
@@ -132,13 +132,14 @@ std::array<int64_t, 7> current_plan_device() {
 }
 
 std::string describe_plans(const std::array<int64_t, 4>& shape, int esize, bool channels_last, int act,
-                           bool residual, const std::array<int64_t, 7>& dev) {
+                           bool residual, const std::array<int64_t, 7>& dev, bool input_bias) {
   const gn::Problem p{shape[0], shape[1], shape[2], shape[1] / shape[2], shape[3]};
   gn::Request r;
   r.esize = esize;
   r.contiguous = !channels_last || p.HxW == 1;
   r.act = act;
   r.residual = residual;
+  r.input_shift = input_bias;
   const gn::Device d{static_cast<int>(dev[0]), static_cast<int>(dev[1]), dev[2], dev[3], dev[4], dev[5], dev[6]};
   return describe_plans(p, r, d, gn::tuning());
 }

@@ -12,9 +12,9 @@ namespace gnext {
 std::array<int64_t, 7> current_plan_device();
 
 // The forward and backward plans of a GroupNorm of `shape` = {N, C, G, HxW} (C % G == 0, checked by the caller),
-// esize-byte elements, NCHW or channels_last, output activation `act` (ActKind) and residual, on `device` (the
-// fields above), under the process's Tuning; aligned pointers assumed.
+// esize-byte elements, NCHW or channels_last, output activation `act` (ActKind) and residual, the forward with an
+// input shift (input_bias), on `device` (the fields above), under the process's Tuning; aligned pointers assumed.
 std::string describe_plans(const std::array<int64_t, 4>& shape, int esize, bool channels_last, int act,
-                           bool residual, const std::array<int64_t, 7>& device);
+                           bool residual, const std::array<int64_t, 7>& device, bool input_bias = false);
 
 }  // namespace gnext

@@ -210,8 +210,9 @@ __global__ void __launch_bounds__(kWideThreads, 1)
 // elements), so thread t always holds the channels c0 .. c0 + V - 1, c0 = (t % CV) * V: their groups (at most two
 // per vector: the plan checks) and gamma/beta are the same in every row. Per image u:
 //   1. statistics: per channel sums of x - x0 and (x - x0)^2 in registers (x0: the thread's first vector of u),
-//      folded into a Welford state per group at the end; the CTA's state of each group (a warp per group, fixed
-//      order) to partial[(u * G + g) * grid + b]; arrive on u's counter;
+//      folded into a Welford state per group at the end (each channel's mean moved by a.in_shift[c] where
+//      given); the CTA's state of each group (a warp per group, fixed order) to partial[(u * G + g) * grid + b];
+//      arrive on u's counter;
 //   2. after every CTA arrived: each CTA merges the grid partials of each group (same order everywhere), then
 //      normalizes its rows of u from shared memory / L2 while reading its rows of image u + 1 + ahead (step 1).
 // Dynamic shared memory: (1 + ahead) stage buffers of `held` elements, then blockDim.x * 2 Welford states and
@@ -260,6 +261,10 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     }
   };
 
+  // Statistics of x + a.in_shift[c] where given: each channel's mean moves by its shift, its M2 does not.
+  float in_shift[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) in_shift[j] = load_param(a.in_shift.p, a.in_shift.t, c0 + j, 0.f);
   float sh[V], s1[V], s2[V];
   int cnt = 0;
   auto reset = [&] {
@@ -294,7 +299,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float m = s1[j] / n;
-        const WelfordState st{sh[j] + m, fmaxf(s2[j] - s1[j] * m, 0.f), n};
+        const WelfordState st{sh[j] + m + in_shift[j], fmaxf(s2[j] - s1[j] * m, 0.f), n};
         if (j < split) {
           sa = welford_merge(sa, st);
         } else {
@@ -361,7 +366,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float2 f = j < split ? fa : fb;
-        mu[j] = f.x;
+        mu[j] = f.x - in_shift[j];  // (x + shift - mean) = x - (mean - shift)
         scale[j] = f.y * load_param(a.gamma, a.wt, c0 + j, 1.f);
         shift[j] = load_param(a.beta, a.wt, c0 + j, 0.f);
       }

@@ -24,9 +24,12 @@ Pointwise backward_pointwise(const char* op, const std::string& activation, cons
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_act_cuda(const Tensor& input, int64_t num_groups,
                                                        const OptTensor& weight, const OptTensor& bias, double eps,
-                                                       const std::string& activation, const OptTensor& residual) {
+                                                       const std::string& activation, const OptTensor& residual,
+                                                       const OptTensor& input_bias) {
   constexpr const char* op = "gnext.group_norm_act";
-  return group_norm_cuda_pre(op, input, num_groups, weight, bias, eps, forward_pointwise(op, activation, residual));
+  Pointwise pw = forward_pointwise(op, activation, residual);
+  pw.input_bias = input_bias;
+  return group_norm_cuda_pre(op, input, num_groups, weight, bias, eps, pw);
 }
 
 std::tuple<Tensor, Tensor, Tensor> group_norm_act_pad_cuda(const Tensor& input, int64_t num_groups,

@@ -1,15 +1,18 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""GroupNorm + activation (+ residual): out = act(GroupNorm(x)) + residual; and its backward.
+"""GroupNorm + activation (+ residual): out = act(GroupNorm(x + input_bias[c])) + residual; and its backward.
 The op's fake (meta) kernels, CPU kernels and autograd formulas; its schema is in csrc/gnext.cpp and its CUDA
-kernels in csrc/. groupnorm_ext/_registry.py imports this module, which registers them."""
+kernels in csrc/. groupnorm_ext/_registry.py imports this module, which registers them. input_bias is the bias of
+the convolution that wrote x, run without it (the compile pass moves it here): the backward runs on x + input_bias
+and input_bias's gradient is the input's, summed per channel."""
 from __future__ import annotations
 
 import torch
 
 from .. import _autograd, _cpu
 from .._autograd import _call_backward, _cast
-from .._cpu import (_group_norm, _group_norm_backward, _normalized, act_backward, apply_act, check_group_norm_args,
-                     check_group_norm_backward_args, check_residual, parse_activation)
+from .._cpu import (_group_norm_backward, _normalized, act_backward, apply_act, biased_input, check_group_norm_args,
+                     check_group_norm_backward_args, check_input_bias, check_residual, group_norm_of_biased,
+                     input_bias_grad, parse_activation)
 from .._library import memory_format as _memory_format
 from .group_norm import _group_norm_backward_fake, _group_norm_fake
 
@@ -17,9 +20,10 @@ from .group_norm import _group_norm_backward_fake, _group_norm_fake
 # Fake kernels
 
 @torch.library.register_fake("gnext::group_norm_act")
-def _group_norm_act_fake(input, num_groups, weight, bias, eps, activation, residual):
+def _group_norm_act_fake(input, num_groups, weight, bias, eps, activation, residual, input_bias=None):
     torch._check(residual is None or residual.shape == input.shape,
                  lambda: f"gnext.group_norm_act: residual.shape={tuple(residual.shape)} must equal input.shape")
+    check_input_bias("gnext.group_norm_act", input, input_bias)
     return _group_norm_fake(input, num_groups, weight, bias, eps)
 
 
@@ -30,16 +34,17 @@ def _group_norm_act_backward_fake(grad_out, input, mean, rstd, weight, bias, num
 
 # CPU kernels
 
-def group_norm_act(input, num_groups, weight, bias, eps, activation, residual):
+def group_norm_act(input, num_groups, weight, bias, eps, activation, residual, input_bias=None):
     op = "gnext.group_norm_act"
     act = parse_activation(op, activation)
     check_group_norm_args(op, input, num_groups, weight, bias)
     check_residual(op, input, residual)
-    n, mean, rstd = _group_norm(op, input, num_groups, weight, bias, eps)
+    check_input_bias(op, input, input_bias)
+    n, mean, rstd = group_norm_of_biased(op, input, num_groups, weight, bias, eps, input_bias)
     out = apply_act(n, act)
     if residual is not None:
         out = out + residual
-    return out.contiguous(memory_format=_memory_format(input)), mean, rstd
+    return out.to(input.dtype).contiguous(memory_format=_memory_format(input)), mean, rstd
 
 
 def group_norm_act_backward(grad_out, input, mean, rstd, weight, bias, num_groups, activation, output_mask):
@@ -57,26 +62,31 @@ def group_norm_act_backward(grad_out, input, mean, rstd, weight, bias, num_group
 
 # Autograd
 
-# group_norm_act(input, num_groups, weight, bias, eps, activation, residual) -> (out, mean, rstd)
+# group_norm_act(input, num_groups, weight, bias, eps, activation, residual, input_bias) -> (out, mean, rstd)
 def _act_save(ctx, inputs, output):
-    input, num_groups, weight, bias, _, activation, _ = inputs
+    input, num_groups, weight, bias, _, activation = inputs[:6]
+    input_bias = inputs[7] if len(inputs) > 7 else None
     _, mean, rstd = output
-    ctx.save_for_backward(input, weight, bias, mean, rstd)
+    ctx.save_for_backward(input, weight, bias, mean, rstd, input_bias)
     ctx.num_groups, ctx.activation = num_groups, activation
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
 def _act_grads(ctx, need, grad_out):
-    input, weight, bias, mean, rstd = ctx.saved_tensors
+    input, weight, bias, mean, rstd, input_bias = ctx.saved_tensors
+    extra = (None,) * (len(need) - 7)  # input_bias's slot, where the call passed it
     if grad_out is None:
-        return (None,) * 7
+        return (None,) * len(need)
     dres = grad_out if need[6] else None  # the residual's gradient is grad_out itself
-    mask = [need[0], need[2], need[3]]
+    need_b = len(need) > 7 and need[7]
+    mask = [need[0] or need_b, need[2], need[3]]
     if not any(mask):
-        return None, None, None, None, None, None, dres
+        return (None, None, None, None, None, None, dres) + extra
+    input = biased_input(input, input_bias)  # GroupNorm of x + b: its backward in terms of x + b
     dx, dw, db = _call_backward(torch.ops.gnext.group_norm_act_backward.default, grad_out, input, mean, rstd, weight,
                                 bias, ctx.num_groups, ctx.activation, mask)
-    return dx, None, dw, _cast(db, ctx.bias_dtype), None, None, dres
+    dib = (input_bias_grad(dx, input_bias),) if need_b else extra
+    return (dx if need[0] else None), None, dw, _cast(db, ctx.bias_dtype), None, None, dres, *dib
 
 
 _cpu.register(group_norm_act, group_norm_act_backward)
