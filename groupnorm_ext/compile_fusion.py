@@ -15,6 +15,11 @@ Rewritten chain: ``act(group_norm(x, G, weight, bias, eps))`` and ``act(...) + r
 order), where ``act`` is SiLU, GELU (erf or tanh), ReLU, tanh or hardswish called as a function,
 an inlined module or a tensor method, and each intermediate has no other user. The rule of
 ``when="auto"`` (where gnext is the faster choice) is in :func:`_fusable`.
+
+Where ``x`` is a convolution's output (``conv1d``/``conv2d``/``conv3d`` with a bias) that only the GroupNorm
+reads, the convolution runs without its bias and the op adds it as it reads (``input_bias``): Inductor runs a
+convolution's bias as a pointwise pass that it fuses into the consumers, and gnext's op is not one it can fuse
+into, so the bias was a read and a write of the tensor of its own (docs/decisions/compile-fusion.md).
 """
 from __future__ import annotations
 
@@ -38,13 +43,15 @@ _log = logging.getLogger("groupnorm_ext")
 _GROUP_NORM = (F.group_norm, torch.group_norm)
 _GN_SIG = inspect.signature(F.group_norm)  # (input, num_groups, weight=None, bias=None, eps=1e-05)
 _ADDS = (operator.add, torch.add)
+_CONVS = (torch.conv1d, torch.conv2d, torch.conv3d, F.conv1d, F.conv2d, F.conv3d)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 # Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m,
-# "left": chains that matched but that the rule left to Inductor (each reason is logged once as a warning)}.
+# "input_bias": convolution biases moved into the op, "left": chains that matched but that the rule left to
+# Inductor (each reason is logged once as a warning)}.
 # A graph that Inductor takes from its caches (FX graph, AOTAutograd) is not passed through the pass
 # again, so its rewrites are not counted: count with the caches off (config force_disable_caches).
-compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0, "left": 0}
+compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0, "input_bias": 0, "left": 0}
 
 
 def _activation(node: torch.fx.Node) -> Optional[str]:
@@ -129,6 +136,24 @@ def _left_because(x: torch.Tensor, y: torch.Tensor, params, when: str) -> Option
     return None
 
 
+def _take_conv_bias(x, xm: torch.Tensor):
+    """Where x is a convolution's output that only the GroupNorm reads, with a bias node of shape (C,) and x's dtype
+    or float32 on x's device: that bias node, after setting the convolution's bias to None. Else None."""
+    if not isinstance(x, torch.fx.Node) or x.op != "call_function" or x.target not in _CONVS or len(x.users) != 1:
+        return None
+    pos = len(x.args) > 2
+    b = x.args[2] if pos else x.kwargs.get("bias")
+    bm = _meta(b)
+    if bm is None or bm.dim() != 1 or bm.shape[0] != xm.shape[1] or bm.device != xm.device \
+            or bm.dtype not in (xm.dtype, torch.float32):
+        return None
+    if pos:
+        x.args = x.args[:2] + (None,) + x.args[3:]
+    else:
+        x.kwargs = {**x.kwargs, "bias": None}
+    return b
+
+
 _warned: set = set()
 
 
@@ -180,9 +205,10 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
                 if (other is not act_node and om is not None and am is not None and om.shape == xm.shape
                         and om.dtype == xm.dtype and om.device == xm.device and am.dtype == xm.dtype):
                     last, residual = add, other
+        input_bias = _take_conv_bias(x, xm)
         with graph.inserting_before(last):
             fused = graph.call_function(torch.ops.gnext.group_norm_act.default,
-                                        (x, groups, weight, bias, float(eps), act, residual))
+                                        (x, groups, weight, bias, float(eps), act, residual, input_bias))
             out = graph.call_function(operator.getitem, (fused, 0))
         out.meta.update(last.meta)
         last.replace_all_uses_with(out)
@@ -191,6 +217,7 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
         count += 1
         compile_fusion_stats["group_norm_act"] += 1
         compile_fusion_stats["residual"] += residual is not None
+        compile_fusion_stats["input_bias"] += input_bias is not None
     if left:
         _report(left)
     return count

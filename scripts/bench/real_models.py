@@ -57,6 +57,7 @@ import random
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -71,9 +72,10 @@ from timing import with_tuning  # noqa: E402
 VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)),
 # without its modulated spatial norms (CogVideoX's, back on their own forwards), with every convolution adding
-# its own bias, and with its padded outputs written by the row kernel (GNEXT_PAD_TILE=0).
+# its own bias, and with its padded outputs written by the row kernel (GNEXT_PAD_TILE=0); compile + fusion with
+# every convolution keeping its bias (the pass's input_bias move off).
 EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
-                  "gnext-noblocks")
+                  "gnext-noblocks", "compile+fusion-nobias")
 
 
 def image(size, n):
@@ -220,7 +222,7 @@ def step_fn(model, args, train, graphs=False):
     return run
 
 
-def compile_fusion_variant(model, mode=None):
+def compile_fusion_variant(model, mode=None, marker="fx_graph_cache"):
     """torch.compile(model) as a user calls it with enable_compile_fusion() on: the default Inductor
     backend. The options dict ({"fx_graph_cache": False}) makes Dynamo treat this backend as another one
     than plain torch.compile's (its BACKEND_MATCH guard compares the options), so this model cannot be
@@ -229,9 +231,9 @@ def compile_fusion_variant(model, mode=None):
     is the same). (Before: a backend function of its own calling compile_fx, which is not the path
     users take; two runs put it at 0.89-0.98x of plain torch.compile on graphs the pass left unchanged.)"""
     if mode is None:
-        return torch.compile(model, options={"fx_graph_cache": False})
+        return torch.compile(model, options={marker: False})
     # mode and options are exclusive in torch.compile: the mode's options plus the marker
-    return torch.compile(model, options={**torch._inductor.list_mode_options(mode), "fx_graph_cache": False})
+    return torch.compile(model, options={**torch._inductor.list_mode_options(mode), marker: False})
 
 
 def no_caches():
@@ -244,7 +246,8 @@ def no_caches():
 PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("compile+fusion", "compile"),
          ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"), ("gnext-nomod", "eager"), ("gnext", "gnext-nomod"),
          ("gnext", "gnext-nofold"), ("gnext", "gnext-padrows"), ("gnext", "gnext-nostream"),
-         ("gnext", "gnext-noblocks"))
+         ("gnext", "gnext-noblocks"), ("compile+fusion-nobias", "compile"),
+         ("compile+fusion", "compile+fusion-nobias"))
 
 
 def paired(times):
@@ -326,26 +329,36 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
     if "compile" in variants:
         torch._dynamo.reset()
         fns["compile"] = step_fn(torch.compile(copy.deepcopy(orig), mode=mode), args, train, graphs)
-    for v in [v for v in variants if v != "compile+fusion"]:
+    for v in [v for v in variants if not v.startswith("compile+fusion")]:
         t0 = time.perf_counter()
         with aten_on[v]():
             outs[v] = fns[v]()
         t_compile[v] = time.perf_counter() - t0
         progress(f"{row}: {v} first call {t_compile[v]:.1f} s")
     info["fusion_rewrites"] = None
-    if "compile+fusion" in variants:
-        before = compile_fusion.compile_fusion_stats["group_norm_act"]
+    # The two fusion variants under options of their own (each a backend Dynamo tells apart from the other's);
+    # -nobias with the pass's convolution-bias move off.
+    for v, marker in (("compile+fusion", "fx_graph_cache"), ("compile+fusion-nobias", "fx_graph_remote_cache")):
+        if v not in variants:
+            continue
+        before = dict(compile_fusion.compile_fusion_stats)
         ge.enable_compile_fusion(when=when)
         try:
-            fns["compile+fusion"] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode), args, train, graphs)
-            t0 = time.perf_counter()
-            with no_caches():
-                outs["compile+fusion"] = fns["compile+fusion"]()
-                fns["compile+fusion"]()  # a second call under the pass: recompiles (if any) get it too
-            progress(f"{row}: compile+fusion first calls {time.perf_counter() - t0:.1f} s")
+            with contextlib.ExitStack() as stack:
+                if v.endswith("-nobias"):
+                    stack.enter_context(mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm: None))
+                fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
+                t0 = time.perf_counter()
+                with no_caches():
+                    outs[v] = fns[v]()
+                    fns[v]()  # a second call under the pass: recompiles (if any) get it too
+                progress(f"{row}: {v} first calls {time.perf_counter() - t0:.1f} s")
         finally:
             ge.disable_compile_fusion()
-        info["fusion_rewrites"] = compile_fusion.compile_fusion_stats["group_norm_act"] - before
+        key = "fusion_rewrites" if v == "compile+fusion" else "fusion_rewrites_nobias"
+        info[key] = compile_fusion.compile_fusion_stats["group_norm_act"] - before["group_norm_act"]
+        if v == "compile+fusion":
+            info["fusion_input_bias"] = compile_fusion.compile_fusion_stats["input_bias"] - before["input_bias"]
 
     def timed(v, n):
         with aten_on[v]():
@@ -398,7 +411,8 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "gnext-nofold": "gnext eager, convolutions add their bias ms (x)",
           "gnext-padrows": "gnext eager, padded outputs by the row kernel ms (x)",
           "gnext-nostream": "gnext eager, no biases carried down the residual stream ms (x)",
-          "gnext-noblocks": "gnext eager, HunyuanVideo blocks on their own forwards ms (x)"}
+          "gnext-noblocks": "gnext eager, HunyuanVideo blocks on their own forwards ms (x)",
+          "compile+fusion-nobias": "compile + fusion, convolutions keep their bias ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
@@ -535,7 +549,7 @@ def main():
     for row in args.rows.split(","):
         variants = tuple(v for v in VARIANTS + EXTRA_VARIANTS if v in args.variants.split(","))
         res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode, variants)
-        print(json.dumps({k: res[k] for k in ("row", "ms", "converted", "fusion_rewrites")}), flush=True)
+        print(json.dumps({k: res[k] for k in ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias") if k in res}), flush=True)
         rows.append(res)
         write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one
     print()

@@ -16,7 +16,7 @@ torch.compile(original) without and with enable_compile_fusion():
     GEMM; attention; the rest), which bounds what a faster GroupNorm can gain.
   * with --kernels: every GPU kernel of both variants by name, per step (time and launches), the
     gnext kernels and the kernels whose time differs most between the variants.
-  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled | --aten]
+  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled [--nobias-baseline] | --aten]
                                       [--fusion-when always] [--kernels 40]
                                       [--stacks aten::copy_,aten::empty_strided]
 Diagnostic; the product table comes from scripts/bench/real_models.py."""
@@ -30,6 +30,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -117,6 +118,9 @@ def main():
     p.add_argument("--stacks", default="", help="comma-separated ops (e.g. aten::copy_) whose Python call sites to list")
     p.add_argument("--compiled", action="store_true",
                    help="torch.compile(original) without and with enable_compile_fusion() instead of eager")
+    p.add_argument("--nobias-baseline", action="store_true",
+                   help="with --compiled: 'eager' is torch.compile with enable_compile_fusion() but its convolution-bias "
+                        "move (input_bias) off")
     p.add_argument("--fusion-when", choices=("auto", "always"), default="auto",
                    help="with --compiled: enable_compile_fusion(when=...); 'always' rewrites training graphs too")
     p.add_argument("--aten", action="store_true",
@@ -133,8 +137,18 @@ def main():
     print(f"converted: {counts}")
     if args.compiled:
         torch._dynamo.reset()
-        fns = {"eager": step_fn(torch.compile(copy.deepcopy(orig)), inputs, train)}
-        fns["eager"]()
+        if args.nobias_baseline:
+            ge.enable_compile_fusion(when=args.fusion_when)
+            try:
+                with mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm: None), no_caches():
+                    fns = {"eager": step_fn(compile_fusion_variant(copy.deepcopy(orig), None, "fx_graph_remote_cache"),
+                                            inputs, train)}
+                    fns["eager"](), fns["eager"]()
+            finally:
+                ge.disable_compile_fusion()
+        else:
+            fns = {"eager": step_fn(torch.compile(copy.deepcopy(orig)), inputs, train)}
+            fns["eager"]()
         before = compile_fusion.compile_fusion_stats["group_norm_act"]
         ge.enable_compile_fusion(when=args.fusion_when)
         try:
