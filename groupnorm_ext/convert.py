@@ -14,7 +14,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ._cpu import channel_view
-from .functional import group_norm_act_modulate, group_norm_act_pad
+from .functional import group_norm_act, group_norm_act_modulate, group_norm_act_pad
 from .modules import ConvTranspose2dGELUGroupNorm, GroupNorm, GroupNormAct
 
 _log = logging.getLogger("groupnorm_ext")
@@ -842,6 +842,9 @@ def _fuse_traced_pairs(module: nn.Module, example_inputs: tuple, counts: dict, p
 # the same computation with norm1/norm2 as GroupNormAct. It is installed only on blocks whose class
 # forward is diffusers' own and whose source has both pairs as consecutive statements (checked once per
 # diffusers version), so a diffusers release that changes the block is left alone, not computed wrongly.
+# Where no gradient is needed, conv1 (an nn.Conv2d with a bias, norm2 a GroupNormAct) runs without its bias and
+# norm2 adds it as it reads (input_bias): PyTorch's convolution adds its bias in a pass of its own over the output.
+# Exact: the time embedding's add between them commutes with the bias's.
 _PAIRS = ("hidden_states = self.norm1(hidden_states)\n        hidden_states = self.nonlinearity(hidden_states)",
           "hidden_states = self.norm2(hidden_states)",
           "hidden_states = self.nonlinearity(hidden_states)\n\n        hidden_states = self.dropout(hidden_states)")
@@ -887,7 +890,13 @@ def _resnet_block2d_forward(self, input_tensor, temb, *args, **kwargs):
     elif self.downsample is not None:
         input_tensor = self.downsample(input_tensor)
         hidden_states = self.downsample(hidden_states)
-    hidden_states = self.conv1(hidden_states)
+    conv1, norm2 = self.conv1, self.norm2
+    bias_to_norm2 = (getattr(self, "_gnext_conv1_bias_to_norm2", False) and type(conv1) is nn.Conv2d
+                     and conv1.bias is not None and type(norm2) is GroupNormAct and not torch.is_grad_enabled())
+    if bias_to_norm2:
+        hidden_states = conv1._conv_forward(hidden_states, conv1.weight, None)
+    else:
+        hidden_states = conv1(hidden_states)
     if self.time_emb_proj is not None:
         if not self.skip_time_act:
             temb = self.nonlinearity(temb)
@@ -902,7 +911,11 @@ def _resnet_block2d_forward(self, input_tensor, temb, *args, **kwargs):
     else:
         if self.time_embedding_norm == "default" and temb is not None:
             hidden_states = hidden_states + temb
-        hidden_states = self.norm2(hidden_states)  # + nonlinearity
+        if bias_to_norm2:
+            hidden_states = group_norm_act(hidden_states, norm2.num_groups, norm2.weight, norm2.bias, norm2.eps,
+                                           norm2.activation, input_bias=conv1.bias)
+        else:
+            hidden_states = self.norm2(hidden_states)  # + nonlinearity
     hidden_states = self.dropout(hidden_states)
     hidden_states = self.conv2(hidden_states)
     if self.conv_shortcut is not None:
@@ -1109,6 +1122,7 @@ def _fuse_blocks(module: nn.Module, counts: dict) -> None:
         counts["group_norm"] += 1
     else:
         module.norm2 = _from_group_norm(GroupNormAct, n2, act)
+        module.__dict__["_gnext_conv1_bias_to_norm2"] = True  # (checked again at each call: see the comment above)
         counts["group_norm_act"] += 1
     counts["group_norm_act"] += 1
     counts["resnet_block2d"] += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -120,6 +121,19 @@ def test_diffusers_resnet_block2d(device, train, no_tf32):
         for a, b in zip(g, ref_g):  # sums over many terms (conv weights): relative L2, max error vs max|ref|
             assert ((a - b).norm() / b.norm()).item() < 1e-4
             assert (a - b).abs().max().item() < 1e-3 * b.abs().max().item()
+        # without a gradient, conv1 runs without its bias and norm2 adds it (input_bias); not with scale_shift, nor
+        # once norm2 is swapped for another module
+        fold = blk.time_embedding_norm != "scale_shift"
+        with torch.no_grad(), mock.patch("groupnorm_ext.convert.group_norm_act", wraps=ge.group_norm_act) as m:
+            torch.testing.assert_close(conv(x, temb), ref, rtol=1e-4, atol=1e-4)
+            assert m.call_count == fold and (not fold or m.call_args.kwargs["input_bias"] is conv.conv1.bias)
+            if fold:
+                swapped = copy.deepcopy(conv)
+                swapped.norm2 = nn.Sequential(nn.GroupNorm(8, conv.norm2.num_channels, eps=conv.norm2.eps),
+                                              nn.SiLU()).to(device)
+                swapped.norm2[0].load_state_dict(conv.norm2.state_dict())
+                torch.testing.assert_close(swapped(x, temb), ref, rtol=1e-4, atol=1e-4)
+                assert m.call_count == 1
         # no blocks: the norms become plain gnext GroupNorm and the block keeps its own forward
         with pytest.warns(UserWarning, match="example_inputs"):  # nothing fused: the warning names the fix
             plain, c2 = ge.convert_group_norm_act(copy.deepcopy(blk), blocks=False, return_counts=True)

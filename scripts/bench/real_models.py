@@ -30,7 +30,7 @@ torch.compile(original) with groupnorm_ext.enable_compile_fusion() active while 
 (--variants: a subset, e.g. eager,gnext,gnext-aten without the compiles). Named only: gnext-nopad, the converter
 with pad_into_conv=False (no padded outputs, and CogVideoX's blocks on their own forward); gnext-nomod, the
 converter with CogVideoX's spatial norms and blocks back on their own forwards; gnext-nofold, the converter with
-its convolutions adding their own bias (none left to the padded norm after them); gnext-padrows, the converter with
+its convolutions adding their own bias (none left to the norm after them); gnext-padrows, the converter with
 its padded outputs written by the row kernel (GNEXT_PAD_TILE=0) instead of the tile kernel; gnext-nostream, the
 converter with every HunyuanVideo block adding its convolutions' biases (none carried down the residual stream);
 gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers on their own forwards. Timing: wall time (host + GPU) of a
@@ -308,6 +308,7 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         for m in nofold.modules():
             if "_gnext_fold_block" in m.__dict__:
                 m.__dict__.pop("forward", None)
+            m.__dict__.pop("_gnext_conv1_bias_to_norm2", None)  # ResnetBlock2D: conv1 adds its own bias
         fns["gnext-nofold"] = step_fn(nofold, args, train)
     if "gnext-padrows" in variants:  # the converter, its padded outputs on the row kernel instead of the tile kernel
         fns["gnext-padrows"] = with_tuning(step_fn(conv, args, train), GNEXT_PAD_TILE=0)
