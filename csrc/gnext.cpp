@@ -197,7 +197,8 @@ static PyObject* plan_py(PyObject*, PyObject* args) {
       if (!PyArg_ParseTuple(dev, "LLLLLLL", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6])) return nullptr;
       for (int i = 0; i < 7; ++i) d[i] = v[i];
     }
-    const std::string text = gnext::describe_plans({N, C, G, HxW}, esize, cl != 0, act, residual != 0, d, input_bias != 0);
+    const std::string text =
+        gnext::describe_plans({N, C, G, HxW}, esize, cl != 0, act, residual != 0, d, input_bias != 0);
     return PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size()));
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());

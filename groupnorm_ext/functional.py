@@ -161,8 +161,6 @@ def group_norm_act(
         input = _cpu.biased_input(input, input_bias)
         out = _cpu.apply_act(torch.nn.functional.group_norm(input, num_groups, weight, bias, eps), act)
         return out if residual is None else out + residual
-    if input_bias is None:
-        return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual)
     return _group_norm_act(input, num_groups, weight, bias, eps, activation, residual, input_bias)
 
 

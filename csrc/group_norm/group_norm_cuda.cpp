@@ -109,6 +109,12 @@ struct TwoPassStats {
   Scratch ws;
   float* coef = nullptr;
 };
+// A (C,) contiguous tensor as the kernels' input shift, read in its dtype; none where t is undefined.
+gn::ChannelShift channel_shift(const Tensor& t) {
+  return t.defined() ? gn::ChannelShift{t.data_ptr(), scalar_kind(t.scalar_type())}
+                     : gn::ChannelShift{nullptr, ScalarKind::Float};
+}
+
 // shift: the statistics are those of x + shift[c] where given (the coefficients still apply to x).
 TwoPassStats two_pass_stats(ScalarKind t, const Problem& p, const gn::ReduceGeometry& rg, const Tensor& x,
                             const gn::PwArgs& pw, const OptTensor& w, const OptTensor& b, const Tensor& mean,
@@ -164,8 +170,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_cuda_pre(const char* op, const Ten
   const cudaStream_t stream = current_stream(x);
   // The input shift, read in its dtype; the planner gave a kernel that takes it (two-pass or wide channels_last).
   const Tensor shift_t = defined(pro.input_bias) ? contig(*pro.input_bias) : Tensor();
-  const gn::ChannelShift shift{shift_t.defined() ? shift_t.data_ptr() : nullptr,
-                               shift_t.defined() ? scalar_kind(shift_t.scalar_type()) : ScalarKind::Float};
+  const gn::ChannelShift shift = channel_shift(shift_t);
   GNEXT_CHECK(!shift.p || plan.kernel == Kernel::kTwoPass || plan.kernel == Kernel::kWideNhwc, op,
               ": internal error: a plan without an input shift for input_bias");
   // The kernels that take OnePassArgs (one-pass, wide, small-group) get the same arguments: n_partial floats of
@@ -369,9 +374,7 @@ std::tuple<Tensor, Tensor> group_norm_stats_cuda(const Tensor& x_in, const Probl
   GNEXT_CUDA_CHECK(gn::launch_finalize_forward(ScalarKind::Float, p, partial_layout(p, rg), ptr<float>(partial),
                                              nullptr, nullptr, ptr<float>(mean), ptr<float>(rstd),
                                              /*coef=*/nullptr, static_cast<float>(eps),
-                                             gn::ChannelShift{shift.defined() ? ptr<float>(shift) : nullptr,
-                                                              ScalarKind::Float},
-                                             stream));
+                                             channel_shift(shift), stream));
   return {mean, rstd};
 }
 
@@ -463,9 +466,7 @@ NchwStats nchw_stats(const Problem& s, const Tensor& input, const OptTensor& wei
   r.stream = current_stream(r.x);
   r.t = scalar_kind(input.scalar_type());
   r.st = two_pass_stats(r.t, s, plan.reduce, r.x, gn::PwArgs{}, r.w, r.b, mean, rstd, eps, r.stream,
-                        gn::ChannelShift{defined(input_bias) ? r.input_bias.data_ptr() : nullptr,
-                                         defined(input_bias) ? scalar_kind(input_bias->scalar_type())
-                                                             : ScalarKind::Float});
+                        channel_shift(r.input_bias));
   r.pw = pw_args(pro, Tensor(), nullptr, r.w, r.b);
   return r;
 }

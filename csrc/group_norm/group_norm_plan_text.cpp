@@ -112,7 +112,8 @@ std::string describe_plans(const gn::Problem& p, const gn::Request& r, const gn:
                       static_cast<long long>(p.N), static_cast<long long>(p.C), static_cast<long long>(p.G),
                       static_cast<long long>(p.HxW), static_cast<int>(r.esize),
                       r.contiguous ? "NCHW" : "channels_last", r.act != kActIdentity ? ", output activation" : "",
-                      r.residual ? ", residual" : "", r.input_shift ? ", input bias" : "", mib(p.N * p.C * p.HxW * r.esize).c_str(),
+                      r.residual ? ", residual" : "", r.input_shift ? ", input bias" : "",
+                      mib(p.N * p.C * p.HxW * r.esize).c_str(),
                       static_cast<long long>(p.N * p.G), mib(p.D * p.HxW * r.esize).c_str());
   s += fmt("device: %d SMs, sm_%d0+, %lld KiB shared memory per SM (%lld per block), %s L2, peak DRAM %lld GB/s "
            "(persistent kernels pay: %s)\n",

@@ -236,6 +236,20 @@ def compile_fusion_variant(model, mode=None, marker="fx_graph_cache"):
     return torch.compile(model, options={**torch._inductor.list_mode_options(mode), marker: False})
 
 
+@contextlib.contextmanager
+def fusion_pass(when, move_bias=True):
+    """enable_compile_fusion(when) for what compiles inside; move_bias=False: with the pass's convolution-bias move
+    (input_bias) off."""
+    ge.enable_compile_fusion(when=when)
+    try:
+        with contextlib.ExitStack() as stack:
+            if not move_bias:
+                stack.enter_context(mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm: None))
+            yield
+    finally:
+        ge.disable_compile_fusion()
+
+
 def no_caches():
     """Inductor's and AOTAutograd's caches off (torch.compiler.config.force_disable_caches)."""
     return torch.compiler.config.patch(force_disable_caches=True)
@@ -343,19 +357,13 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         if v not in variants:
             continue
         before = dict(compile_fusion.compile_fusion_stats)
-        ge.enable_compile_fusion(when=when)
-        try:
-            with contextlib.ExitStack() as stack:
-                if v.endswith("-nobias"):
-                    stack.enter_context(mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm: None))
-                fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
-                t0 = time.perf_counter()
-                with no_caches():
-                    outs[v] = fns[v]()
-                    fns[v]()  # a second call under the pass: recompiles (if any) get it too
-                progress(f"{row}: {v} first calls {time.perf_counter() - t0:.1f} s")
-        finally:
-            ge.disable_compile_fusion()
+        with fusion_pass(when, move_bias=not v.endswith("-nobias")):
+            fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
+            t0 = time.perf_counter()
+            with no_caches():
+                outs[v] = fns[v]()
+                fns[v]()  # a second call under the pass: recompiles (if any) get it too
+            progress(f"{row}: {v} first calls {time.perf_counter() - t0:.1f} s")
         key = "fusion_rewrites" if v == "compile+fusion" else "fusion_rewrites_nobias"
         info[key] = compile_fusion.compile_fusion_stats["group_norm_act"] - before["group_norm_act"]
         if v == "compile+fusion":
@@ -550,7 +558,8 @@ def main():
     for row in args.rows.split(","):
         variants = tuple(v for v in VARIANTS + EXTRA_VARIANTS if v in args.variants.split(","))
         res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode, variants)
-        print(json.dumps({k: res[k] for k in ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias") if k in res}), flush=True)
+        keys = ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias")
+        print(json.dumps({k: res[k] for k in keys if k in res}), flush=True)
         rows.append(res)
         write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one
     print()

@@ -30,7 +30,6 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -39,7 +38,8 @@ sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT))
 import groupnorm_ext as ge  # noqa: E402
 from groupnorm_ext import compile_fusion  # noqa: E402
-from real_models import TRACED_ROWS, _cast, build, compile_fusion_variant, no_caches, step_fn, wall_ms  # noqa: E402
+from real_models import (TRACED_ROWS, _cast, build, compile_fusion_variant, fusion_pass, no_caches,  # noqa: E402
+                         step_fn, wall_ms)
 
 # Kernel families by name (CUDA kernels of gnext, cuDNN/CUTLASS, aten, Inductor's Triton kernels).
 FAMILIES = (("norm", ("group_norm", "groupnorm", "gnext", "onepass", "welford", "var_mean")),
@@ -138,25 +138,18 @@ def main():
     if args.compiled:
         torch._dynamo.reset()
         if args.nobias_baseline:
-            ge.enable_compile_fusion(when=args.fusion_when)
-            try:
-                with mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm: None), no_caches():
-                    fns = {"eager": step_fn(compile_fusion_variant(copy.deepcopy(orig), None, "fx_graph_remote_cache"),
-                                            inputs, train)}
-                    fns["eager"](), fns["eager"]()
-            finally:
-                ge.disable_compile_fusion()
+            with fusion_pass(args.fusion_when, move_bias=False), no_caches():
+                fns = {"eager": step_fn(compile_fusion_variant(copy.deepcopy(orig), None, "fx_graph_remote_cache"),
+                                        inputs, train)}
+                fns["eager"](), fns["eager"]()
         else:
             fns = {"eager": step_fn(torch.compile(copy.deepcopy(orig)), inputs, train)}
             fns["eager"]()
         before = compile_fusion.compile_fusion_stats["group_norm_act"]
-        ge.enable_compile_fusion(when=args.fusion_when)
-        try:
+        with fusion_pass(args.fusion_when):
             fns["gnext"] = step_fn(compile_fusion_variant(copy.deepcopy(orig)), inputs, train)
             with no_caches():
                 fns["gnext"](), fns["gnext"]()
-        finally:
-            ge.disable_compile_fusion()
         print(f"compiled: 'eager' = torch.compile(original), 'gnext' = with enable_compile_fusion() "
               f"({compile_fusion.compile_fusion_stats['group_norm_act'] - before} rewrites)")
     elif args.aten:
