@@ -17,37 +17,46 @@
 #endif
 
 STABLE_TORCH_LIBRARY(gnext, m) {
+  // The ops that compiled models call most are defined twice, with one signature: <op>, and <op>_no_autograd, which
+  // has the same kernels and no Autograd kernel. <op>'s Autograd kernel is Python (groupnorm_ext/_autograd.py: the
+  // stable ABI has no C++ autograd) and costs ~10 us of host time per call, also where no gradient is needed;
+  // PyTorch's C++ autograd fallback passes <op>_no_autograd through. Graphs that AOTAutograd has differentiated
+  // already call the latter (groupnorm_ext/compile_fusion.py, docs/decisions/compile-fusion.md).
+  auto def_twice = [&m](const std::string& name, const char* signature) {
+    m.def((name + signature).c_str());
+    m.def((name + "_no_autograd" + signature).c_str());
+  };
   // GroupNorm forward (Wu & He 2018). input (N, C, *); mean/rstd are (N, G) float32.
-  m.def(
-      "group_norm(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps)"
+  def_twice(
+      "group_norm", "(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps)"
       " -> (Tensor out, Tensor mean, Tensor rstd)");
   // GroupNorm backward. output_mask selects (grad_input, grad_weight, grad_bias).
-  m.def(
-      "group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
+  def_twice(
+      "group_norm_backward", "(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " int num_groups, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
   // out = act(GroupNorm(input + input_bias[c])) + residual, act one of identity, silu, gelu, gelu_tanh, relu, tanh,
   // hardswish, tanh_hardswish (hardswish(tanh(.))); residual of input's shape or None; input_bias (C,) or None (the
   // bias of the convolution that wrote input, run without it); mean/rstd (N, G) float32, of input + input_bias.
-  m.def(
-      "group_norm_act(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation,"
+  def_twice(
+      "group_norm_act", "(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation,"
       " Tensor? residual, Tensor? input_bias=None) -> (Tensor out, Tensor mean, Tensor rstd)");
   // out = F.pad(act(GroupNorm(input + input_bias[c])), pad, mode, value), the padded tensor written in one pass after
   // the statistics (the input of a convolution that pads by itself, e.g. a causal 3-D one); mode "replicate" or
   // "constant"; pad as F.pad takes it (the last spatial dim first); input_bias (C,) or None (the bias of the
   // convolution that wrote input). Contiguous out; mean/rstd (N, G) float32, of input + input_bias.
-  m.def(
-      "group_norm_act_pad(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation,"
+  def_twice(
+      "group_norm_act_pad", "(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, str activation,"
       " int[] pad, str mode, float value, Tensor? input_bias=None) -> (Tensor out, Tensor mean, Tensor rstd)");
   // Its backward (the residual's gradient is grad_out itself). output_mask: (input, weight, bias).
-  m.def(
-      "group_norm_act_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
+  def_twice(
+      "group_norm_act_backward", "(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight,"
       " Tensor? bias, int num_groups, str activation, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)");
   // out = act(GroupNorm(input + input_bias[c]) * scale + shift), scale and shift of input's dtype and shape, or
   // (4-D, 5-D) of smaller (h, w) read by nearest upsampling (a spatially conditioned norm, e.g. CogVideoX's decoder),
   // in one pass after the statistics; input_bias (C,) or None (a convolution's bias, which input does not hold).
   // Contiguous out; mean/rstd (N, G) float32, of input + input_bias.
-  m.def(
-      "group_norm_act_modulate(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, Tensor scale,"
+  def_twice(
+      "group_norm_act_modulate", "(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, Tensor scale,"
       " Tensor shift, str activation, Tensor? input_bias=None) -> (Tensor out, Tensor mean, Tensor rstd)");
   // The same written into out (input's shape and dtype, each (n, c) plane contiguous: e.g. the frames after the
   // cached ones in a causal convolution's input buffer). Not differentiable; mean/rstd (N, G) float32.

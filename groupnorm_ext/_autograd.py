@@ -161,6 +161,29 @@ _lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module
 eager: dict[str, Callable[..., Any]] = {}  # op name -> the functional API's eager entry (_eager)
 
 
+def register_no_autograd(op_name: str, fake, cpu) -> None:
+    """The fake and CPU kernels of gnext::<op_name>_no_autograd: <op_name>'s kernels without its Autograd kernel
+    (csrc/gnext.cpp), called by graphs that AOTAutograd has differentiated already (:func:`no_autograd`)."""
+    twin = f"{op_name}_no_autograd"
+    torch.library.register_fake(f"gnext::{twin}", fake, lib=_lib)
+    _lib.impl(twin, cpu, "CPU")
+    _no_autograd[op_name] = twin
+
+
+_no_autograd: dict[str, str] = {}  # op name -> its twin's name (register_no_autograd)
+
+
+def no_autograd(op: Any) -> Any:
+    """The twin of no Autograd kernel of a gnext OpOverload (``torch.ops.gnext.group_norm_act.default`` ->
+    ``torch.ops.gnext.group_norm_act_no_autograd.default``), or None where it has none. Its Autograd kernel is a
+    Python function whose host time (~10 us per call) a differentiated graph has no use for; PyTorch's C++ autograd
+    fallback passes the twin through (it warns at backward if a gradient ever flows through one)."""
+    if getattr(op, "namespace", None) != "gnext" or getattr(op, "_overloadname", None) != "default":
+        return None
+    twin = _no_autograd.get(op._opname)
+    return None if twin is None else getattr(torch.ops.gnext, twin).default
+
+
 def register(op_name, save, grads, backward_op: bool = True) -> None:
     """Autograd for gnext::<op_name> from its save/grads pair (ops/<op>.py), its backward op (gnext::<op_name>_backward,
     where backward_op) marked not differentiable, and the functional API's eager entry."""

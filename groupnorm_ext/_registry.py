@@ -24,7 +24,9 @@ def mark_flexible_layout() -> None:
     (StableLibrary::def(schema, tags)); the wheel supports 2.11, so the tag is added to the overload
     objects here, which is what torch.compile reads (OpOverload.tags)."""
     flexible = torch.Tag.flexible_layout
-    for name in ops:
+    # every op the library defines (iterating torch.ops.gnext yields only the ops looked up so far)
+    names = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("gnext::")]
+    for name in names:
         packet = getattr(ops, name)
         for overload in packet.overloads():
             op = getattr(packet, overload)

@@ -71,7 +71,8 @@ def test_fires_and_matches_eager_training(device, act, fusion):
     comp = torch.compile(model, fullgraph=True)
     out = comp(x)
     g = torch.autograd.grad((out * out).sum(), [x, *model.parameters()])
-    assert fusion() == {"group_norm_act": 2, "residual": 1, "input_bias": 1, "left": 0}
+    # no_autograd: the forward graph's 2 group_norm_act and the backward graph's 2 group_norm_act_backward
+    assert fusion() == {"group_norm_act": 2, "residual": 1, "input_bias": 1, "left": 0, "no_autograd": 4}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
@@ -149,6 +150,57 @@ def test_gnext_op_in_the_compiled_graph(fusion):
     assert not any("native_group_norm" in s for s in seen)
 
 
+def test_post_grad_graphs_call_the_twins(fusion):
+    """After AOTAutograd, every gnext call with a twin of no Autograd kernel calls the twin (the post-grad pass), in
+    the training forward and backward graphs and in inference graphs; the twins have no Autograd kernel, and the
+    compiled model still matches eager, gradients included."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    for name in ("group_norm", "group_norm_backward", "group_norm_act", "group_norm_act_backward",
+                 "group_norm_act_pad", "group_norm_act_modulate"):
+        op, twin = getattr(torch.ops.gnext, name).default, getattr(torch.ops.gnext, name + "_no_autograd").default
+        assert compile_fusion._no_autograd(op) is twin and compile_fusion._no_autograd(twin) is None
+        assert str(twin._schema).replace("_no_autograd(", "(") == str(op._schema)
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Autograd")
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(twin.name(), "Autograd")
+        assert torch.Tag.flexible_layout in twin.tags
+    assert compile_fusion._no_autograd(torch.ops.aten.add.Tensor) is None
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        def compiler(g, _):
+            compile_fusion._retarget(g.graph)
+            g.recompile()
+            seen.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
+            return make_boxed_func(g.forward)
+
+        compile_fusion._rewrite(gm.graph, "always")
+        gm.recompile()
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
+
+    torch.manual_seed(0)
+    model = perturb_params(Block())
+    x = rand_input((2, 16, 6, 5), torch.float32, "cpu").requires_grad_()
+    out = torch.compile(model, backend=backend, fullgraph=True)(x)
+    g = torch.autograd.grad(out.square().sum(), [x, *model.parameters()])
+    ref = model(x)
+    ref_g = torch.autograd.grad(ref.square().sum(), [x, *model.parameters()])
+    assert sum(s == "gnext.group_norm_act_no_autograd.default" for s in seen) == 2
+    assert sum(s == "gnext.group_norm_act_backward_no_autograd.default" for s in seen) == 2
+    assert not any(s in ("gnext.group_norm_act.default", "gnext.group_norm_act_backward.default") for s in seen)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+    seen.clear()
+    with torch.no_grad():
+        y = torch.compile(model.eval(), backend=backend, fullgraph=True)(x)
+    assert seen.count("gnext.group_norm_act_no_autograd.default") == 2 and not y.requires_grad
+    torch.testing.assert_close(y, ref.detach(), rtol=1e-4, atol=1e-4)
+
+
 def test_conv_bias_taken_into_the_op():
     """A convolution whose output only the GroupNorm reads runs without its bias, which the op adds as it reads
     (input_bias): positional and keyword biases, 1-D to 3-D. Left in the convolution: an output with another
@@ -193,7 +245,7 @@ def test_conv_bias_taken_into_the_op():
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
     stats = {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
-    assert stats == {"group_norm_act": 6, "residual": 1, "input_bias": 4, "left": 0}
+    assert stats == {"group_norm_act": 6, "residual": 1, "input_bias": 4, "left": 0, "no_autograd": 0}  # no Inductor
     (graph,) = graphs
     ops = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act.default]
     assert sum(n.args[7] is not None for n in ops) == 4
@@ -222,7 +274,7 @@ def test_chains_left_alone(fusion):
     m = perturb_params(M())
     x, b = rand_input((2, 16, 5, 5), torch.float32, "cpu"), torch.randn(16, 1, 1)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, b), m(x, b), rtol=1e-4, atol=1e-4)
-    assert fusion() == {"group_norm_act": 1, "residual": 0, "input_bias": 0, "left": 0}
+    assert fusion() == {"group_norm_act": 1, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 1}
 
 
 def test_auto_rule():
@@ -282,25 +334,33 @@ def test_enable_disable_keeps_a_previous_pass():
     from torch._inductor import config
 
     calls = []
-    prev = config.pre_grad_custom_pass
+    hooks = {False: "pre_grad_custom_pass", True: "post_grad_custom_post_pass"}
+    prev = {post: getattr(config, hook) for post, hook in hooks.items()}
     try:
-        config.pre_grad_custom_pass = lambda g: calls.append(1)
+        for post, hook in hooks.items():
+            setattr(config, hook, lambda g, post=post: calls.append(post))
         ge.enable_compile_fusion()
-        ge.enable_compile_fusion()  # twice: still one gnext pass
-        p = config.pre_grad_custom_pass
-        assert isinstance(p, compile_fusion._pass_class()) and not isinstance(p.previous, compile_fusion._pass_class())
-        assert p.uuid() is None  # the previous pass has no uuid: Inductor must bypass its cache
-        p(torch.fx.Graph())
-        assert calls == [1]
+        ge.enable_compile_fusion()  # twice: still one gnext pass per hook
+        passes = {post: getattr(config, hook) for post, hook in hooks.items()}
+        for post, p in passes.items():
+            cls = compile_fusion._pass_class(post)
+            assert isinstance(p, cls) and not isinstance(p.previous, cls)
+            assert p.uuid() is None  # the previous pass has no uuid: Inductor must bypass its cache
+            p(torch.fx.Graph())
+        assert calls == [False, True]
         ge.disable_compile_fusion()
-        assert config.pre_grad_custom_pass is not p and not isinstance(config.pre_grad_custom_pass,
-                                                                        compile_fusion._pass_class())
-        config.pre_grad_custom_pass = None
+        for post, hook in hooks.items():
+            now = getattr(config, hook)
+            assert now is not passes[post] and not isinstance(now, compile_fusion._pass_class(post))
+            setattr(config, hook, None)
         ge.enable_compile_fusion()
-        assert isinstance(config.pre_grad_custom_pass.uuid(), bytes)  # alone: cacheable
+        for hook in hooks.values():
+            assert isinstance(getattr(config, hook).uuid(), bytes)  # alone: cacheable
+        assert config.pre_grad_custom_pass.uuid() != config.post_grad_custom_post_pass.uuid()
     finally:
         ge.disable_compile_fusion()
-        config.pre_grad_custom_pass = prev
+        for post, hook in hooks.items():
+            setattr(config, hook, prev[post])
 
 
 def test_pass_pickles_with_its_uuid():
@@ -309,12 +369,13 @@ def test_pass_pickles_with_its_uuid():
     changes with its uuid (the 'when' argument here), so cache keys do too."""
     import pickle
 
-    cls = compile_fusion._pass_class()
-    auto, always = cls("auto"), cls("always")
-    back = pickle.loads(pickle.dumps(auto))
-    assert isinstance(back, cls) and back.when == "auto" and back.previous is None
-    assert back.uuid() == auto.uuid() != always.uuid()
-    assert pickle.dumps(auto) != pickle.dumps(always)
+    for post_grad in (False, True):
+        cls = compile_fusion._pass_class(post_grad)
+        auto, always = cls("auto"), cls("always")
+        back = pickle.loads(pickle.dumps(auto))
+        assert isinstance(back, cls) and back.when == "auto" and back.previous is None
+        assert back.uuid() == auto.uuid() != always.uuid()
+        assert pickle.dumps(auto) != pickle.dumps(always)
 
 
 @pytest.mark.gpu

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "../common/cuda_utils.h"
 #include "group_norm.h"
@@ -695,8 +696,11 @@ std::tuple<OptTensor, OptTensor, OptTensor> group_norm_backward_cuda(const Tenso
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
-  m.impl("group_norm", TORCH_BOX(&group_norm_cuda));
-  m.impl("group_norm_backward", TORCH_BOX(&group_norm_backward_cuda));
+  for (const char* suffix : {"", "_no_autograd"}) {  // each with its twin of no Autograd kernel (csrc/gnext.cpp)
+    const std::string s = suffix;
+    m.impl(("group_norm" + s).c_str(), TORCH_BOX(&group_norm_cuda));
+    m.impl(("group_norm_backward" + s).c_str(), TORCH_BOX(&group_norm_backward_cuda));
+  }
   m.impl("group_norm_moments", TORCH_BOX(&group_norm_moments_cuda));
   m.impl("group_norm_moments_merge", TORCH_BOX(&group_norm_moments_merge_cuda));
 }

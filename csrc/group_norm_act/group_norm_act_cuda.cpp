@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // CUDA registration of group_norm_act: gnext's GroupNorm kernels with the activation (+ residual)
 // as their compile-time epilogue (csrc/group_norm, common/pointwise.h).
+#include <string>
+
 #include "group_norm_act.h"
 
 namespace gnext {
@@ -101,10 +103,14 @@ Tensor group_norm_act_apply_backward_cuda(const Tensor& grad_out, const Tensor& 
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
-  m.impl("group_norm_act", TORCH_BOX(&group_norm_act_cuda));
-  m.impl("group_norm_act_backward", TORCH_BOX(&group_norm_act_backward_cuda));
-  m.impl("group_norm_act_pad", TORCH_BOX(&group_norm_act_pad_cuda));
-  m.impl("group_norm_act_modulate", TORCH_BOX(&group_norm_act_modulate_cuda));
+  // Each with its twin of no Autograd kernel (csrc/gnext.cpp).
+  for (const char* suffix : {"", "_no_autograd"}) {
+    const std::string s = suffix;
+    m.impl(("group_norm_act" + s).c_str(), TORCH_BOX(&group_norm_act_cuda));
+    m.impl(("group_norm_act_backward" + s).c_str(), TORCH_BOX(&group_norm_act_backward_cuda));
+    m.impl(("group_norm_act_pad" + s).c_str(), TORCH_BOX(&group_norm_act_pad_cuda));
+    m.impl(("group_norm_act_modulate" + s).c_str(), TORCH_BOX(&group_norm_act_modulate_cuda));
+  }
   m.impl("group_norm_act_modulate_into", TORCH_BOX(&group_norm_act_modulate_into_cuda));
   m.impl("group_norm_act_apply", TORCH_BOX(&group_norm_act_apply_cuda));
   m.impl("group_norm_act_apply_backward_sums", TORCH_BOX(&group_norm_act_apply_backward_sums_cuda));

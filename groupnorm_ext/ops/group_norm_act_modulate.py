@@ -163,6 +163,7 @@ def _modulate_grads(ctx, need, grad_out):
 
 _cpu.register(group_norm_act_modulate, group_norm_act_modulate_into)
 _autograd.register("group_norm_act_modulate", _modulate_save, _modulate_grads, backward_op=False)
+_autograd.register_no_autograd("group_norm_act_modulate", _modulate_fake, group_norm_act_modulate)
 _autograd.register_not_differentiable("group_norm_act_modulate_into",
                                       now="it writes into out, which autograd does not record; call "
                                           "group_norm_act_modulate")

@@ -73,9 +73,10 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)),
 # without its modulated spatial norms (CogVideoX's, back on their own forwards), with every convolution adding
 # its own bias, and with its padded outputs written by the row kernel (GNEXT_PAD_TILE=0); compile + fusion with
-# every convolution keeping its bias (the pass's input_bias move off).
+# every convolution keeping its bias (the pass's input_bias move off), and with the compiled graphs calling the ops
+# through their Python Autograd kernels (the post-grad retarget to the *_no_autograd twins off).
 EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
-                  "gnext-noblocks", "compile+fusion-nobias")
+                  "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd")
 
 
 def image(size, n):
@@ -237,14 +238,16 @@ def compile_fusion_variant(model, mode=None, marker="fx_graph_cache"):
 
 
 @contextlib.contextmanager
-def fusion_pass(when, move_bias=True):
+def fusion_pass(when, move_bias=True, no_autograd=True):
     """enable_compile_fusion(when) for what compiles inside; move_bias=False: with the pass's convolution-bias move
-    (input_bias) off."""
+    (input_bias) off; no_autograd=False: with its post-grad retarget to the ops' twins of no Autograd kernel off."""
     ge.enable_compile_fusion(when=when)
     try:
         with contextlib.ExitStack() as stack:
             if not move_bias:
                 stack.enter_context(mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm: None))
+            if not no_autograd:
+                stack.enter_context(mock.patch.object(compile_fusion, "_retarget", lambda graph: 0))
             yield
     finally:
         ge.disable_compile_fusion()
@@ -261,7 +264,8 @@ PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("co
          ("gnext-nopad", "eager"), ("gnext", "gnext-nopad"), ("gnext-nomod", "eager"), ("gnext", "gnext-nomod"),
          ("gnext", "gnext-nofold"), ("gnext", "gnext-padrows"), ("gnext", "gnext-nostream"),
          ("gnext", "gnext-noblocks"), ("compile+fusion-nobias", "compile"),
-         ("compile+fusion", "compile+fusion-nobias"))
+         ("compile+fusion", "compile+fusion-nobias"), ("compile+fusion-autograd", "compile"),
+         ("compile+fusion", "compile+fusion-autograd"))
 
 
 def paired(times):
@@ -351,23 +355,25 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         t_compile[v] = time.perf_counter() - t0
         progress(f"{row}: {v} first call {t_compile[v]:.1f} s")
     info["fusion_rewrites"] = None
-    # The two fusion variants under options of their own (each a backend Dynamo tells apart from the other's);
-    # -nobias with the pass's convolution-bias move off.
-    for v, marker in (("compile+fusion", "fx_graph_cache"), ("compile+fusion-nobias", "fx_graph_remote_cache")):
+    # The fusion variants under options of their own (each a backend Dynamo tells apart from the others');
+    # -nobias with the pass's convolution-bias move off, -autograd with its post-grad retarget off.
+    for v, marker in (("compile+fusion", "fx_graph_cache"), ("compile+fusion-nobias", "fx_graph_remote_cache"),
+                      ("compile+fusion-autograd", "autotune_local_cache")):
         if v not in variants:
             continue
         before = dict(compile_fusion.compile_fusion_stats)
-        with fusion_pass(when, move_bias=not v.endswith("-nobias")):
+        with fusion_pass(when, move_bias=not v.endswith("-nobias"), no_autograd=not v.endswith("-autograd")):
             fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
             t0 = time.perf_counter()
             with no_caches():
                 outs[v] = fns[v]()
                 fns[v]()  # a second call under the pass: recompiles (if any) get it too
             progress(f"{row}: {v} first calls {time.perf_counter() - t0:.1f} s")
-        key = "fusion_rewrites" if v == "compile+fusion" else "fusion_rewrites_nobias"
+        key = "fusion_rewrites" + {"compile+fusion": "", "compile+fusion-nobias": "_nobias"}.get(v, "_autograd")
         info[key] = compile_fusion.compile_fusion_stats["group_norm_act"] - before["group_norm_act"]
         if v == "compile+fusion":
-            info["fusion_input_bias"] = compile_fusion.compile_fusion_stats["input_bias"] - before["input_bias"]
+            for k in ("input_bias", "no_autograd"):
+                info[f"fusion_{k}"] = compile_fusion.compile_fusion_stats[k] - before[k]
 
     def timed(v, n):
         with aten_on[v]():
@@ -421,7 +427,8 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "gnext-padrows": "gnext eager, padded outputs by the row kernel ms (x)",
           "gnext-nostream": "gnext eager, no biases carried down the residual stream ms (x)",
           "gnext-noblocks": "gnext eager, HunyuanVideo blocks on their own forwards ms (x)",
-          "compile+fusion-nobias": "compile + fusion, convolutions keep their bias ms (x)"}
+          "compile+fusion-nobias": "compile + fusion, convolutions keep their bias ms (x)",
+          "compile+fusion-autograd": "compile + fusion, ops through their Python Autograd kernels ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
@@ -558,7 +565,7 @@ def main():
     for row in args.rows.split(","):
         variants = tuple(v for v in VARIANTS + EXTRA_VARIANTS if v in args.variants.split(","))
         res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode, variants)
-        keys = ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias")
+        keys = ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias", "fusion_no_autograd")
         print(json.dumps({k: res[k] for k in keys if k in res}), flush=True)
         rows.append(res)
         write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one
