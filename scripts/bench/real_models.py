@@ -17,6 +17,7 @@ training steps. Rows (random weights, real image input from skimage.data.astrona
                                 blocks, 16 latent channels), fp16, 1x16x5x64x64 random latents -> 17 frames of
                                 512x512 (the converter traces it with example_inputs: its blocks have no rule)
   hunyuan-video-fp16-cl         the same, model and latents in channels_last_3d
+  hunyuan-video-fp16-33f        the same decoder (default layout), 1x16x9x64x64 latents -> 33 frames
   cogvideox-fp16                diffusers AutoencoderKLCogVideoX decode (default layout; its GroupNorms feed a
                                 spatial modulation, then a SiLU: the converter traces it and runs both in
                                 group_norm_act_modulate, written into the causal convolutions' inputs by its
@@ -165,7 +166,8 @@ def build(row, dev, smoke):
     if row.startswith("hunyuan-video-fp16"):
         ch = tuple(c // s for c in (128, 256, 512, 512))
         vae = AutoencoderKLHunyuanVideo(block_out_channels=ch, norm_num_groups=32 // s).to(dev).eval()
-        z = torch.randn(1, 16, 5 if not smoke else 2, 64 // s, 64 // s, generator=torch.Generator().manual_seed(2))
+        t = 2 if smoke else (9 if row.endswith("-33f") else 5)  # latent frames: 4 (t - 1) + 1 decoded
+        z = torch.randn(1, 16, t, 64 // s, 64 // s, generator=torch.Generator().manual_seed(2))
         fmt = torch.channels_last_3d if row.endswith("-cl") else torch.contiguous_format
         return VideoDecoder(vae), (z.to(dev),), torch.float16, fmt, False
     if row == "cogvideox-fp16":
@@ -190,7 +192,7 @@ ROWS = ("vae-fp16-nchw", "vae-fp16-cl", "unet2d-train-bf16", "sd15-unet-fp16", "
 VAE_ROWS = ("vae-enc-fp16-nchw", "vae-enc-fp16-cl", "vae-1024-fp16-nchw", "vae-1024-fp16-cl",
             "vae-enc-1024-fp16-nchw", "vae-enc-1024-fp16-cl")
 # Rows whose blocks the converter has no rule for: it traces them (convert_group_norm_act(example_inputs=...)).
-TRACED_ROWS = ("hunyuan-video-fp16", "hunyuan-video-fp16-cl", "cogvideox-fp16")
+TRACED_ROWS = ("hunyuan-video-fp16", "hunyuan-video-fp16-cl", "hunyuan-video-fp16-33f", "cogvideox-fp16")
 
 
 def _cast(args, dtype, fmt):
