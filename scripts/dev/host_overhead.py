@@ -77,8 +77,9 @@ def host_us_aten(fns, n, sync_inside, rounds=9):
 
 
 def op_calls(shape, dtype, G):
-    """(gnext, aten) callables per layer: the forward op through its Autograd kernel in no-grad mode, the
-    forward op below autograd, and the backward op below autograd."""
+    """(gnext, aten) callables per layer: the forward op through its Autograd kernel in no-grad mode, its twin of
+    no Autograd kernel (gnext::group_norm_no_autograd, what compiled graphs and the eager entry call; ATen's op in
+    no-grad mode beside it), the forward op below autograd, and the backward op below autograd."""
     x = torch.randn(shape, device="cuda", dtype=dtype) * 3 + 1
     w, b = torch.randn(shape[1], device="cuda", dtype=dtype), torch.randn(shape[1], device="cuda", dtype=dtype)
     N, C, HxW = shape[0], shape[1], x[0, 0].numel()
@@ -105,7 +106,9 @@ def op_calls(shape, dtype, G):
                 f()
         return run
 
+    twin = lambda: g.group_norm_no_autograd.default(x, G, w, b, 1e-5)  # noqa: E731
     return {"forward op, Autograd key, no grad": tuple(no_grad(f) for f in fwd),
+            "forward op's twin, no Autograd kernel": (twin, no_grad(fwd[1])),
             "forward op below autograd": tuple(under(f) for f in fwd),
             "backward op below autograd": tuple(under(f) for f in bwd),
             "empty context (below autograd, no op)": (under(lambda: None), under(lambda: None))}
