@@ -194,8 +194,8 @@ _no_autograd: dict[str, str] = {}  # op name -> its twin's name (register_no_aut
 def no_autograd(op: Any) -> Any:
     """The twin of no Autograd kernel of a gnext OpOverload (``torch.ops.gnext.group_norm_act.default`` ->
     ``torch.ops.gnext.group_norm_act_no_autograd.default``), or None where it has none. Its Autograd kernel is a
-    Python function whose host time (6-12 us per call on an H100) a differentiated graph has no use for; PyTorch's C++ autograd
-    fallback passes the twin through (it warns at backward if a gradient ever flows through one)."""
+    Python function whose host time (6-12 us per call on an H100) a differentiated graph has no use for; PyTorch's
+    C++ autograd fallback passes the twin through (it warns at backward if a gradient ever flows through one)."""
     if getattr(op, "namespace", None) != "gnext" or getattr(op, "_overloadname", None) != "default":
         return None
     twin = _no_autograd.get(op._opname)

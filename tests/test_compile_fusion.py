@@ -152,9 +152,10 @@ def test_gnext_op_in_the_compiled_graph(fusion):
 
 
 def test_post_grad_graphs_call_the_twins(fusion):
-    """After AOTAutograd, every gnext call with a twin of no Autograd kernel calls the twin (the post-grad pass), in
-    the training forward and backward graphs and in inference graphs; the twins have no Autograd kernel, and the
-    compiled model still matches eager, gradients included."""
+    """After AOTAutograd, every gnext call with a twin of no Autograd kernel calls the twin, in the training forward
+    and backward graphs (the post-grad pass; the backward ops' twins come from _autograd._call_backward already) and
+    in inference graphs; the twins have no Autograd kernel, and the compiled model still matches eager, gradients
+    included."""
     from functorch.compile import make_boxed_func
     from torch._functorch.aot_autograd import aot_module_simplified
 

@@ -371,7 +371,7 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
                 outs[v] = fns[v]()
                 fns[v]()  # a second call under the pass: recompiles (if any) get it too
             progress(f"{row}: {v} first calls {time.perf_counter() - t0:.1f} s")
-        key = "fusion_rewrites" + {"compile+fusion": "", "compile+fusion-nobias": "_nobias"}.get(v, "_autograd")
+        key = "fusion_rewrites" + v.removeprefix("compile+fusion").replace("-", "_")  # "", "_nobias", "_autograd"
         info[key] = compile_fusion.compile_fusion_stats["group_norm_act"] - before["group_norm_act"]
         if v == "compile+fusion":
             for k in ("input_bias", "no_autograd"):
