@@ -100,10 +100,10 @@ def _static_numel(t: torch.Tensor) -> Optional[int]:
 # 2x1280x8x8 up to 2x320x64x64 = 2.6M elements, 45 chains rewritten with a 64K threshold) ran 31.9 ms
 # compiled with the rewrite against 28.4 ms without, while the VAE decoder (maps of 1x512x64x64 up to
 # 1x128x512x512) ran faster with it. A compiled graph at those sizes is host-bound: Inductor's fused
-# Triton kernels cost less host time per call than the op's dispatch (then a Python Autograd kernel, then
-# the C++ op), and they also fuse the GroupNorm with what precedes it (the time-embedding add). Measured
-# before the post-grad pass took the Autograd kernel out (6-12 us per call, 0.3-0.5 ms over those 45 calls
-# against the 3.5 ms lost); not measured again.
+# Triton kernels cost less host time per call than the op's dispatch, and they also fuse the GroupNorm
+# with what precedes it (the time-embedding add). That measurement had the op's Python Autograd kernel in
+# each call; the twins take 6-12 us per call off (0.3-0.5 ms over those 45 calls, against 3.5 ms lost),
+# and the threshold has not been measured with them.
 _MIN_NUMEL = 1 << 22
 
 
