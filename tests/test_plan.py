@@ -93,14 +93,15 @@ def test_bulk_rule():
 def test_bulk_fewer_consumers_rule(tuning):
     """Held NCHW slices of 17-24 parts of 4 KiB on the H200 (>= 3.8 TB/s) take 12 consumer warps instead of 16
     (two parts each), float32 slices in 4 KiB copies (docs/decisions/bulk.md#fewer-consumer-warps-on-the-h200):
-    12 MiB fp16 groups (6 copies of 16 KiB per SM, 24 parts), 9 MiB ones (5 copies, 20 parts); 9 MiB float32
-    groups in 18 copies of 4 KiB. Slices of 16 parts or fewer, streamed ones, the backward, the H100 and an explicit
-    GNEXT_BULK_CONSUMERS keep their warps."""
+    12 MiB fp16 groups (6 copies of 16 KiB per SM, 24 parts), 9 MiB ones (5 copies, 20 parts, with the look-ahead set:
+    the rule sends them two-pass, test_bulk_ahead1_rule); 9 MiB float32 groups in 18 copies of 4 KiB. Slices of 16
+    parts or fewer, streamed ones, the backward, the H100 and an explicit GNEXT_BULK_CONSUMERS keep their warps."""
     def fwd_text(spec, device, act="identity"):
         fwd, _, text = _plan(spec, device, act)
         assert fwd == "bulk", (spec, device, text)
         return text.split("backward:")[0]
 
+    tuning.set("GNEXT_BULK_AHEAD", "1")
     for act in ("identity", "silu"):
         for spec, copy in (("1,192,1024,1024:32:float16", 16384), ("1,160,1024,1024:32:float16", 16384),
                            ("1,192,1024,1024:32:bfloat16", 16384), ("1,256,768,768:32:float16", 16384),
@@ -108,11 +109,37 @@ def test_bulk_fewer_consumers_rule(tuning):
             text = fwd_text(spec, "h200", act)
             assert "(12 consumer warps" in text and f"of {copy} B" in text and "streamed" not in text, (spec, text)
             assert "(16 consumer warps" in fwd_text(spec, "h100", act), spec
+    tuning.set("GNEXT_BULK_AHEAD", "-1")
     for spec in ("1,128,1024,1024:32:float16", "1,512,512,512:32:bfloat16", "1,256,1024,1024:32:bfloat16"):
         assert "(16 consumer warps" in fwd_text(spec, "h200"), spec
     assert "(8 consumer warps" in _plan("1,512,256,256:32:float32", "h200")[2].split("backward:")[1]
     tuning.set("GNEXT_BULK_CONSUMERS", "16")
     assert "(16 consumer warps" in fwd_text("1,192,1024,1024:32:float16", "h200")
+
+
+@needs_planner
+def test_bulk_ahead1_rule(tuning):
+    """On the H200 (>= 3.8 TB/s), held slices of 16 KiB copies at look-ahead 1 with fewer than 24 parts of 4 KiB (5
+    copies: groups of 8.3-10.3 MiB) go two-pass, GroupNorm and GroupNorm+SiLU alike, and not one-pass
+    (docs/decisions/bulk.md#look-ahead-1-on-the-h200). 6 copies (10.4-12.4 MiB groups), 4 copies at look-ahead 2,
+    float32's 4 KiB copies, the H100, and the bulk knobs set explicitly keep the bulk forward."""
+    for act in ("identity", "silu"):
+        for spec in ("1,256,768,768:32:float16", "1,160,1024,1024:32:float16", "1,288,768,768:32:bfloat16"):
+            fwd, _, text = _plan(spec, "h200", act)
+            assert fwd == "two-pass" and "look-ahead 1" in text.split("backward:")[0], (spec, act, text)
+            assert _plan(spec, "h100", act)[0] == "bulk", spec
+        for spec in ("1,320,768,768:32:float16", "1,192,1024,1024:32:float16", "1,128,1024,1024:32:float16",
+                     "1,128,768,768:32:float32"):
+            assert _plan(spec, "h200", act)[0] == "bulk", (spec, act)
+    for knob, value in (("GNEXT_BULK", "2"), ("GNEXT_BULK_AHEAD", "1"), ("GNEXT_BULK_CHUNK", "16384")):
+        tuning.set(knob, value)
+        assert _plan("1,256,768,768:32:float16", "h200")[0] == "bulk", knob
+        tuning.set(knob, {"GNEXT_BULK": "1"}.get(knob, "-1"))
+    # Without the bulk forward, 32 groups of >= 8 MiB stream (two-pass) on the H200; 2 MiB ones keep one-pass.
+    tuning.set("GNEXT_BULK", "0")
+    assert _plan("1,256,768,768:32:float16", "h200")[0] == "two-pass"
+    assert _plan("1,256,768,768:32:float16", "h100")[0] == "one-pass"
+    assert _plan("1,512,256,256:32:float32", "h200")[0] == "one-pass"
 
 
 @needs_planner

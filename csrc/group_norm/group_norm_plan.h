@@ -269,6 +269,9 @@ constexpr bool persistent_kernels_pay(int64_t peak_gbs) { return peak_gbs < kPer
 // little waiting; 32 groups of 8 MiB tie).
 constexpr int64_t kStreamedMinGroupBytes = int64_t{1} << 20;
 constexpr int64_t kStreamedMinGroups = 64;
+// Fewer groups stream too from 8 MiB a group: 32 groups of 8 MiB tie (1x128x1024x1024 fp16 220.6 two-pass / 222.8
+// one-pass us on the H200) and 9-10 MiB ones lose in one-pass (docs/decisions/bulk.md#look-ahead-1-on-the-h200).
+constexpr int64_t kStreamedFewGroupBytes = int64_t{8} << 20;
 
 // ---------------------------------------------------------------------------------------------------------------
 // One-pass kernels (group_norm_onepass.cuh): a persistent cooperative grid of `ctas` CTAs per SM holds each
@@ -297,7 +300,8 @@ inline std::optional<OnePassGeometry> onepass_geometry(const Problem& p, const R
   if (V == 1) return std::nullopt;
   const int64_t esize = r.esize;
   if (!bwd && !nhwc && !ragged && onepass != 2 && !persistent_kernels_pay(d.peak_gbs) &&
-      p.D * p.HxW * esize >= kStreamedMinGroupBytes && p.N * p.G >= kStreamedMinGroups)
+      p.D * p.HxW * esize >= kStreamedMinGroupBytes &&
+      (p.N * p.G >= kStreamedMinGroups || p.D * p.HxW * esize >= kStreamedFewGroupBytes))
     return std::nullopt;
   const int64_t bytes = esize * (bwd ? 2 : 1);  // stage bytes per element
   // Many small NCHW groups (>= 2 per SM, <= 16 KB of stage each): 4 CTAs per SM of 128 threads, so that each SM
@@ -712,7 +716,27 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
   return g;
 }
 
-// The NCHW bulk forward's plan: bulk_geometry, with fewer consumer warps for held slices of more than 16 parts on
+// Held slices at look-ahead 1 on >= 3.8 TB/s: each group's grid-wide chain (publish, wait for every CTA, merge) is
+// hidden behind one group's work only, and measured ~8-10 us per group on the H200 whatever the group's size (9, 10
+// and 12 MiB fp16 groups), while two-pass costs 3 passes at ~0.9 of the copy rate, ~0.8 us per MiB of group. Two-pass
+// wins below ~11 MiB: slices of fewer than kBulkMinPartsAhead1Fast parts of 4 KiB (5 copies of 16 KiB, groups of 8.3
+// to 10.3 MiB) go two-pass (docs/decisions/bulk.md#look-ahead-1-on-the-h200). The 4 KiB copies of float32 slices keep
+// the bulk forward (1x128x768x768 fp32: GroupNorm 1.11x faster in bulk, GroupNorm+SiLU 1.02x slower).
+// Example: 1x256x768x768 fp16 on the H200: 9 MiB groups, 5 copies of 16 KiB per CTA = 20 parts: two-pass (GroupNorm+SiLU
+// 295.3 -> 237.6 us). 1x192x1024x1024 fp16: 12 MiB groups, 24 parts: bulk (318.1 against 339.2 two-pass).
+constexpr int64_t kBulkMinPartsAhead1Fast = 24;
+// Parts of 4 KiB in a CTA's slice of one group, at most.
+inline int64_t bulk_slice_parts(const Problem& p, const Request& r, const BulkGeometry& g) {
+  return ceil_div(ceil_div(p.D * p.HxW * r.esize, int64_t{g.chunk}), int64_t{g.team}) * g.parts;
+}
+inline bool bulk_ahead1_loses(const Problem& p, const Request& r, const BulkGeometry& g, const Device& d,
+                              const Tuning& t) {
+  return !persistent_kernels_pay(d.peak_gbs) && t.bulk == 1 && t.bulk_ahead == kRule && t.bulk_chunk == kRule &&
+         !g.stream && g.team == g.grid && g.ahead == 1 && g.chunk == kBulkChunkFast &&
+         bulk_slice_parts(p, r, g) < kBulkMinPartsAhead1Fast;
+}
+
+// The NCHW bulk forward's geometry: bulk_geometry, with fewer consumer warps for held slices of more than 16 parts on
 // >= 3.8 TB/s. A slice of P parts of 4 KiB goes to W consumer warps, part i to warp i % W, so the slowest warp takes
 // ceil(P / W) of them: with 16 warps, 17-24 parts leave some warps two parts and others one. There the rule takes the
 // fewest warps (a multiple of the copy's parts) that keep ceil(P / 16) parts per warp, and float32 slices copied in
@@ -721,12 +745,12 @@ inline std::optional<BulkGeometry> bulk_geometry(const Problem& p, const Request
 // Example: 1x192x1024x1024 fp16 on the H200: 12 MiB groups = 768 copies of 16 KiB, 6 per CTA: 24 parts; 12 warps
 // take two parts each (GroupNorm+SiLU 334.1 -> 317.3 us). 1x128x768x768 fp32: 9 MiB groups, 5 copies = 20 parts ->
 // 12 warps, in 4 KiB copies (18 per CTA): 267.9 -> 246.7 us.
-inline std::optional<BulkGeometry> bulk_forward_geometry(const Problem& p, const Request& r, const Device& d,
-                                                         const Tuning& t) {
+inline std::optional<BulkGeometry> bulk_forward_warps(const Problem& p, const Request& r, const Device& d,
+                                                      const Tuning& t) {
   const auto g = bulk_geometry(p, r, false, d, t);
   if (!g || t.bulk_consumers != kRule || persistent_kernels_pay(d.peak_gbs) || g->stream || g->team != g->grid)
     return g;
-  const int64_t parts = ceil_div(ceil_div(p.D * p.HxW * r.esize, int64_t{g->chunk}), int64_t{g->team}) * g->parts;
+  const int64_t parts = bulk_slice_parts(p, r, *g);
   if (parts <= g->consumers) return g;
   const int64_t per = ceil_div(parts, int64_t{g->consumers});
   Tuning fewer = t;
@@ -739,6 +763,13 @@ inline std::optional<BulkGeometry> bulk_forward_geometry(const Problem& p, const
   }
   const auto f = bulk_geometry(p, r, false, d, fewer);
   return f && !f->stream ? f : g;
+}
+// The NCHW bulk forward's plan, where it pays: bulk_forward_warps, except held slices that lose at look-ahead 1.
+inline std::optional<BulkGeometry> bulk_forward_geometry(const Problem& p, const Request& r, const Device& d,
+                                                         const Tuning& t) {
+  const auto g = bulk_forward_warps(p, r, d, t);
+  if (g && bulk_ahead1_loses(p, r, *g, d, t)) return std::nullopt;
+  return g;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -881,7 +912,11 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
       plan.why = "wide channels_last: one image >= 8 MiB held in shared memory + L2";
       return plan;
     }
-  plan.why = !plan.nhwc && !persistent_kernels_pay(d.peak_gbs)
+  const auto held = plan.nhwc ? std::nullopt : bulk_forward_warps(p, r, d, t);
+  plan.why = held && bulk_ahead1_loses(p, r, *held, d, t)
+                 ? "two-pass: held bulk slices of fewer than 24 parts of 4 KiB run at look-ahead 1 (>= 3.8 TB/s), where "
+                   "each group's grid-wide chain costs more than a third pass over x"
+             : !plan.nhwc && !persistent_kernels_pay(d.peak_gbs)
                  ? "two-pass: peak bandwidth >= 3.8 TB/s, the persistent kernels' bytes in flight do not keep up"
                  : "two-pass: no persistent plan fits or pays";
   return two_pass(plan, p, r, false, d, t);
