@@ -46,6 +46,19 @@ __device__ __forceinline__ Raw ldg_raw(const Raw* p) {
     return __ldg(p);
   }
 }
+// A 16-byte load through the coherent path (ld.global, not .nc) in a volatile asm: a store that follows it in program
+// order may alias it, so ptxas keeps it before that store, and loads written together stay in flight together. ptxas
+// sinks the read-only path's loads of float32 vectors past the stores (one to three in flight per thread where four
+// were written; docs/decisions/two-pass-split.md). Other sizes: ldg_raw.
+__device__ __forceinline__ uint4 ld_ordered(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+template <typename Raw>
+__device__ __forceinline__ Raw ld_ordered(const Raw* p) {
+  return ldg_raw(p);
+}
 __device__ __forceinline__ void stg_raw(uint4* p, const uint4& v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }

@@ -534,9 +534,15 @@ __device__ __forceinline__ void affine_vecs(const T* __restrict__ x, const T* __
   Raw xr[U], dr[U], rr[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    xr[u] = ldg_raw(reinterpret_cast<const Raw*>(x + offs[u]));
-    if constexpr (HasDy) dr[u] = ldg_raw(reinterpret_cast<const Raw*>(dy + offs[u]));
-    if (!HasDy && res != nullptr) rr[u] = ldg_raw(reinterpret_cast<const Raw*>(res + offs[u]));
+    // The forward's loads in program order before the stores (ld_ordered): float32 forwards 3-5% faster on the H200;
+    // the backward keeps the read-only path, where ordered loads made the H200's 2-byte SiLU backward 1.5-1.9% slower.
+    if constexpr (HasDy) {
+      xr[u] = ldg_raw(reinterpret_cast<const Raw*>(x + offs[u]));
+      dr[u] = ldg_raw(reinterpret_cast<const Raw*>(dy + offs[u]));
+    } else {
+      xr[u] = ld_ordered(reinterpret_cast<const Raw*>(x + offs[u]));
+      if (res != nullptr) rr[u] = ld_ordered(reinterpret_cast<const Raw*>(res + offs[u]));
+    }
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
