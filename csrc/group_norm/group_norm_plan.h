@@ -745,8 +745,8 @@ inline bool bulk_ahead1_loses(const Problem& p, const Request& r, const BulkGeom
 // Example: 1x192x1024x1024 fp16 on the H200: 12 MiB groups = 768 copies of 16 KiB, 6 per CTA: 24 parts; 12 warps
 // take two parts each (GroupNorm+SiLU 334.1 -> 317.3 us). 1x128x768x768 fp32: 9 MiB groups, 5 copies = 20 parts ->
 // 12 warps, in 4 KiB copies (18 per CTA): 267.9 -> 246.7 us.
-inline std::optional<BulkGeometry> bulk_forward_warps(const Problem& p, const Request& r, const Device& d,
-                                                      const Tuning& t) {
+inline std::optional<BulkGeometry> bulk_forward_geometry(const Problem& p, const Request& r, const Device& d,
+                                                         const Tuning& t) {
   const auto g = bulk_geometry(p, r, false, d, t);
   if (!g || t.bulk_consumers != kRule || persistent_kernels_pay(d.peak_gbs) || g->stream || g->team != g->grid)
     return g;
@@ -763,13 +763,6 @@ inline std::optional<BulkGeometry> bulk_forward_warps(const Problem& p, const Re
   }
   const auto f = bulk_geometry(p, r, false, d, fewer);
   return f && !f->stream ? f : g;
-}
-// The NCHW bulk forward's plan, where it pays: bulk_forward_warps, except held slices that lose at look-ahead 1.
-inline std::optional<BulkGeometry> bulk_forward_geometry(const Problem& p, const Request& r, const Device& d,
-                                                         const Tuning& t) {
-  const auto g = bulk_forward_warps(p, r, d, t);
-  if (g && bulk_ahead1_loses(p, r, *g, d, t)) return std::nullopt;
-  return g;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -862,26 +855,32 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
     plan.kernel = Kernel::kSmall, plan.small = *small, plan.why = "small-group: >= 64 groups of <= 4 KB, in registers";
     return plan;
   }
-  if (!plan.nhwc)
-    if (const auto g = bulk_forward_geometry(p, r, d, t)) {
-      plan.kernel = Kernel::kBulk, plan.bulk = *g;
-      plan.why = g->team != g->grid
-                     ? "bulk in teams: one team of every CTA would cut the groups into slices too short, so teams of "
-                       "CTAs each take every teams-th group, slices of 4 KiB chunks that the ring holds at look-ahead "
-                       "2, copied once into shared memory by bulk asynchronous copies"
-                 : persistent_kernels_pay(d.peak_gbs)
-                     ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
-                 : g->stream
-                     ? "bulk: slices streamed through shared memory, the part not held read again from L2 (>= 3.8 "
-                       "TB/s: 8 KiB copies where 16 KiB ones would read too much again), by bulk asynchronous copies"
-                 : g->consumers < kBulkMaxConsumers
-                     ? "bulk: held slices of more than 16 parts of 4 KiB per SM (>= 3.8 TB/s), the fewest consumer "
-                       "warps that keep as many parts per warp as 16 warps would (float32: in 4 KiB copies), copied "
-                       "once into shared memory by bulk asynchronous copies"
-                     : "bulk: held slices of >= 64 KiB per SM in 16 KiB copies at look-ahead 2 (>= 3.8 TB/s), "
-                       "copied once into shared memory by bulk asynchronous copies";
-      return plan;
-    }
+  std::optional<BulkGeometry> bulk;
+  bool ahead1 = false;  // the held bulk forward would run at look-ahead 1 and lose to two-pass
+  if (!plan.nhwc) {
+    bulk = bulk_forward_geometry(p, r, d, t);
+    ahead1 = bulk && bulk_ahead1_loses(p, r, *bulk, d, t);
+  }
+  if (bulk && !ahead1) {
+    const auto& g = bulk;
+    plan.kernel = Kernel::kBulk, plan.bulk = *g;
+    plan.why = g->team != g->grid
+                   ? "bulk in teams: one team of every CTA would cut the groups into slices too short, so teams of "
+                     "CTAs each take every teams-th group, slices of 4 KiB chunks that the ring holds at look-ahead "
+                     "2, copied once into shared memory by bulk asynchronous copies"
+               : persistent_kernels_pay(d.peak_gbs)
+                   ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
+               : g->stream
+                   ? "bulk: slices streamed through shared memory, the part not held read again from L2 (>= 3.8 "
+                     "TB/s: 8 KiB copies where 16 KiB ones would read too much again), by bulk asynchronous copies"
+               : g->consumers < kBulkMaxConsumers
+                   ? "bulk: held slices of more than 16 parts of 4 KiB per SM (>= 3.8 TB/s), the fewest consumer "
+                     "warps that keep as many parts per warp as 16 warps would (float32: in 4 KiB copies), copied "
+                     "once into shared memory by bulk asynchronous copies"
+                   : "bulk: held slices of >= 64 KiB per SM in 16 KiB copies at look-ahead 2 (>= 3.8 TB/s), "
+                     "copied once into shared memory by bulk asynchronous copies";
+    return plan;
+  }
   if (plan.nhwc)
     if (const auto g = bulk_nhwc_geometry(p, r, d, t)) {
       plan.kernel = Kernel::kBulkNhwc, plan.bulk = *g;
@@ -912,8 +911,7 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
       plan.why = "wide channels_last: one image >= 8 MiB held in shared memory + L2";
       return plan;
     }
-  const auto held = plan.nhwc ? std::nullopt : bulk_forward_warps(p, r, d, t);
-  plan.why = held && bulk_ahead1_loses(p, r, *held, d, t)
+  plan.why = ahead1
                  ? "two-pass: held bulk slices of fewer than 24 parts of 4 KiB run at look-ahead 1 (>= 3.8 TB/s), where "
                    "each group's grid-wide chain costs more than a third pass over x"
              : !plan.nhwc && !persistent_kernels_pay(d.peak_gbs)

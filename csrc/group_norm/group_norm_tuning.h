@@ -17,7 +17,7 @@ struct Tuning {
   int bulk = 1;                // 0: never the bulk forward; 1: the rule; 2: wherever it fits
   int bulk_bwd = 1;            // the same for the bulk backward
   int bulk_ahead = kRule;      // bulk look-ahead in groups (forward 1-4, backward 0-4); rule: the most the ring holds
-  int bulk_consumers = kRule;  // bulk consumer warps (forward 1-16, backward at most 8); rule: bulk_forward_warps
+  int bulk_consumers = kRule;  // bulk consumer warps (forward 1-16, backward at most 8); rule: bulk_forward_geometry
   int bulk_hold = kRule;       // bulk, streamed: chunks of a slice kept in shared memory, the rest read again from L2
   int bulk_pace = kRule;       // bulk producer: 0 counts stages up, 1 computes each chunk's stage; rule: 0 only for the forward >= 3.8 TB/s
   int bulk_chunk = kRule;      // bulk forward copy bytes, 4096, 8192 or 16384 (4 KiB per consumer warp)
