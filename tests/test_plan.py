@@ -276,8 +276,8 @@ def test_two_pass_forward_fills_whole_waves(tuning):
 @needs_planner
 def test_two_pass_elementwise_tiles():
     """The NCHW elementwise pass in tiles of 2048 vectors, a CTA each (docs/decisions/two-pass-split.md): on the H100
-    in both directions, on the H200 for the backward, 4-byte forwards and forwards without an activation; the H200's
-    2-byte forward with one (GroupNorm+SiLU) keeps about 4 CTAs per SM looping over chunks."""
+    in both directions, on the H200 for the backward, 4-byte forwards and 2-byte forwards other than GELU's; the H200's
+    2-byte forward with GELU keeps CTAs looping over chunks."""
     def elementwise(text, direction):
         return text.split(f"{direction}: ")[1].split("elementwise: ")[1].split("\n")[0]
 
@@ -287,13 +287,46 @@ def test_two_pass_elementwise_tiles():
     assert elementwise(text, "forward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
     assert elementwise(text, "backward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
     _, _, text = _plan("1,128,2048,2048:32:bfloat16", "h200", act="silu")
-    assert elementwise(text, "forward") == "grid 128 x 4, 512 threads"
+    assert elementwise(text, "forward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
+    _, _, text = _plan("1,128,2048,2048:32:bfloat16", "h200", act="gelu")
+    assert elementwise(text, "forward") == "grid 128 x 6, 512 threads"
     assert elementwise(text, "backward") == "grid 32768 x 1, 512 threads, tiles of 16384 elements"
     _, _, text = _plan("1,128,2048,2048:32:float32", "h200")
     assert elementwise(text, "forward") == "grid 65536 x 1, 512 threads, tiles of 8192 elements"
     # 2^22 rows of 2048 tiles: past a 1-D grid's 2^31 CTAs, a CTA per row chunk as before
     _, _, text = _plan("4096,1024,4096,4096:32:float32", "h100")
     assert elementwise(text, "forward") == "grid 4194304 x 1, 512 threads"
+
+
+@needs_planner
+def test_looping_elementwise_counts_resident_waves(tuning):
+    """The H200's 2-byte forward with GELU (erf or tanh form) loops (affine_tiles): chunks per row from target_ctas
+    (528) CTAs up, the fewest whose last wave of the 396 that fit (3 of 512 threads per SM) is >= 70% full or that
+    make 8 waves (docs/decisions/two-pass-split.md#looping-ctas-in-resident-waves). GNEXT_TARGET_CTAS keeps the plain
+    split, GNEXT_AFFINE_K sets the chunks; other activations, GroupNorm alone, float32 and the H100 take tiles."""
+    def elementwise(spec, device="h200", act="gelu"):
+        text = _plan(spec, device, act)[2].split("backward:")[0]
+        return text.split("elementwise: ")[1].split("\n")[0]
+
+    for spec, k in (("1,288,768,768:32:float16", 4),    # 2 chunks: 576 CTAs, a last wave of 180; 4: 1152, last 360
+                    ("1,160,1024,1024:32:float16", 7),  # 4: 640, last 244; 7: 1120, last 328
+                    ("1,320,1024,1024:32:float16", 6),  # 1920 = 4 x 396 + 336
+                    ("1,256,768,768:32:bfloat16", 3),   # 768 = 396 + 372
+                    ("2,544,512,512:32:float16", 1)):   # 1088 = 2 x 396 + 296
+        rows = int(spec.split(",")[0]) * int(spec.split(",")[1])
+        assert elementwise(spec) == f"grid {rows} x {k}, 512 threads", spec
+        assert elementwise(spec, act="gelu_tanh") == f"grid {rows} x {k}, 512 threads", spec
+    for act in ("identity", "silu", "relu", "tanh", "hardswish", "tanh_hardswish"):
+        assert "tiles" in elementwise("1,288,768,768:32:float16", act=act), act
+    assert "tiles" in elementwise("1,288,768,768:32:float32")
+    tuning.set("GNEXT_TARGET_CTAS", "528")
+    assert elementwise("1,288,768,768:32:float16") == "grid 288 x 2, 512 threads"
+    tuning.set("GNEXT_TARGET_CTAS", "-1")
+    tuning.set("GNEXT_AFFINE_K", "5")
+    assert elementwise("1,288,768,768:32:float16") == "grid 288 x 5, 512 threads"
+    for knob in ("GNEXT_BULK", "GNEXT_ONEPASS", "GNEXT_WIDE"):  # two-pass on the H100 too
+        tuning.set(knob, "0")
+    assert "tiles" in elementwise("1,288,768,768:32:float16", "h100")
 
 
 @needs_planner

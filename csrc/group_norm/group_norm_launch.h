@@ -18,6 +18,9 @@ constexpr int kUnroll = 4;        // independent vector loads in flight per thre
 constexpr int kMaxThreads = 512;  // block size cap of every kernel
 constexpr int kNhwcActBwdThreads = 256;  // NHWC backward affine with SiLU (nhwc_split: <= 256)
 constexpr int kNhwcActFwdThreads = 256;  // NHWC forward affine with an activation or prologue (same)
+// The NCHW elementwise forward on 2-byte elements: at least this many kMaxThreads CTAs per SM (<= 40 registers;
+// 58-64 and two CTAs before: docs/decisions/two-pass-split.md#three-ctas-per-sm-for-the-2-byte-forward).
+constexpr int kAffineFwd16CtasPerSm = 3;
 
 enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
 

@@ -188,22 +188,43 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
 }
 
 constexpr bool persistent_kernels_pay(int64_t peak_gbs);
-// NCHW long rows in tiles (a CTA per kMaxThreads x kUnroll vectors) rather than ~4 CTAs per SM looping over chunks:
-// on the H100 forwards 2-13% and backwards 2-8% faster; on the H200 backwards 0-5%, float32 forwards 8% and 2-byte
-// GroupNorm forwards 2-4% faster, while its 2-byte forwards with an activation (GN+SiLU) were 2-3% slower and keep
-// the loop (docs/decisions/two-pass-split.md).
-constexpr bool affine_tiles(bool bwd, bool act, int64_t esize, int64_t peak_gbs) {
-  return bwd || !act || esize >= 4 || persistent_kernels_pay(peak_gbs);
+// NCHW long rows in tiles (a CTA per kMaxThreads x kUnroll vectors) rather than CTAs looping over chunks: on the H100
+// forwards 2-13% and backwards 2-8% faster; on the H200 backwards 0-5%, float32 forwards 8%, 2-byte forwards 2-4%
+// and, at three CTAs per SM (kAffineFwd16CtasPerSm), 2-byte forwards with SiLU, ReLU, tanh or hardswish 2-5%. The
+// H200's 2-byte forwards with GELU (erf or tanh form), whose math spills at 40 registers, keep the loop: 3-8% faster
+// there (docs/decisions/two-pass-split.md#three-ctas-per-sm-for-the-2-byte-forward).
+constexpr bool affine_tiles(bool bwd, int act, int64_t esize, int64_t peak_gbs) {
+  return bwd || esize >= 4 || persistent_kernels_pay(peak_gbs) || (act != kActGelu && act != kActGeluTanh);
 }
 
-// The elementwise pass. bwd: the backward's dx pass; act: with an output activation's derivative (the NHWC
-// backward with one keeps target_ctas). Short NCHW rows are packed several to a CTA.
-inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, int64_t esize, bool bwd, bool act,
+// The forward's looping elementwise CTAs (where affine_tiles is false): chunks per row K. From target_ctas CTAs up,
+// the fewest whose last wave of `resident` CTAs (kAffineFwd16CtasPerSm per SM) is at least 70% full, or that make
+// kAffineLoopManyWaves waves (their ends spread out); else the fullest last wave; at most max_k. Counted in
+// target_ctas alone, a last wave of a few resident CTAs streamed at a fraction of DRAM's rate. Example, H200 (396
+// resident), 1x288x768x768 fp16 GroupNorm+GELU: K = 2 (576 CTAs, a last wave of 180) 329.6 µs; K = 4 (1152, last
+// 360) 308.0 (docs/decisions/two-pass-split.md#looping-ctas-in-resident-waves).
+constexpr int64_t kAffineLoopManyWaves = 8;
+constexpr double kAffineLoopLastWaveFill = 0.7;
+constexpr int64_t affine_loop_chunks(int64_t rows, int64_t target, int64_t resident, int64_t max_k) {
+  int64_t best = max_k;
+  double best_fill = -1.0;
+  for (int64_t k = std::max<int64_t>(1, ceil_div(target, rows)); k <= max_k; ++k) {
+    const int64_t last = rows * k % resident;
+    const double fill = last == 0 ? 1.0 : static_cast<double>(last) / static_cast<double>(resident);
+    if (fill >= kAffineLoopLastWaveFill || rows * k >= kAffineLoopManyWaves * resident) return k;
+    if (fill > best_fill) best = k, best_fill = fill;
+  }
+  return best;
+}
+
+// The elementwise pass. bwd: the backward's dx pass; act: the output activation (ActKind; the NHWC backward with
+// one keeps target_ctas). Short NCHW rows are packed several to a CTA.
+inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, int64_t esize, bool bwd, int act,
                                       const Device& d, const Tuning& t) {
   AffineGeometry g{};
   g.nhwc = nhwc;
   g.vec = V;
-  const int64_t target = bwd && !(nhwc && act) ? bwd_target_ctas(d, t) : target_ctas(d, t);
+  const int64_t target = bwd && !(nhwc && act != kActIdentity) ? bwd_target_ctas(d, t) : target_ctas(d, t);
   if (nhwc) {
     const NhwcSplit s = nhwc_split(p, V, target);
     g.tpr = s.tpr, g.rpi = s.rpi, g.threads = s.threads, g.chunk = s.chunk;
@@ -236,7 +257,13 @@ inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, int64_
     g.grid_y = 1;
     return g;
   }
-  const RowSplit s = nchw_row_split(p, V, hwv / kVecsPerCta, target, t.chunk_align, !bwd);
+  const int64_t max_k = std::max<int64_t>(1, hwv / kVecsPerCta);
+  const int64_t k = t.affine_k > 0 ? t.affine_k
+                    : !bwd && t.target_ctas <= 0
+                        ? affine_loop_chunks(rows, target, kAffineFwd16CtasPerSm * int64_t{d.sms}, max_k)
+                        : 0;
+  const RowSplit s = k > 0 ? nchw_row_split(p, V, k, rows * k, t.chunk_align, false)
+                           : nchw_row_split(p, V, max_k, target, t.chunk_align, !bwd);
   g.rows_per_cta = 1;
   g.chunk = s.chunk;
   g.threads = s.threads;
@@ -828,7 +855,7 @@ inline Plan two_pass(Plan plan, const Problem& p, const Request& r, bool bwd, co
   plan.kernel = Kernel::kTwoPass;
   const int V = vector_width(r.esize, plan.nhwc ? p.C : p.HxW, r.aligned);
   plan.reduce = reduce_geometry(p, plan.nhwc, V, bwd ? kGradStateBytes : kMomentsStateBytes, bwd, d, t);
-  if (!bwd || r.need_dx) plan.affine = affine_geometry(p, plan.nhwc, V, r.esize, bwd, r.act != kActIdentity, d, t);
+  if (!bwd || r.need_dx) plan.affine = affine_geometry(p, plan.nhwc, V, r.esize, bwd, r.act, d, t);
   return plan;
 }
 

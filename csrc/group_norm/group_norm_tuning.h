@@ -31,7 +31,8 @@ struct Tuning {
   int ragged_small = kRule;    // bytes under which tiny ragged tensors take the one-pass kernel; rule: 1 MiB
   int target_ctas = kRule;     // CTAs per two-pass launch; rule: 4 per SM
   int chunk_align = 64;        // NCHW chunk alignment of the two-pass kernels, in vectors
-  int affine_tile = kRule;     // NCHW elementwise pass, long rows: 1 a CTA per tile of threads x 4 vectors, 0 ~4 looping CTAs per SM
+  int affine_tile = kRule;     // NCHW elementwise pass, long rows: 1 a CTA per tile of threads x 4 vectors, 0 CTAs looping over chunks
+  int affine_k = kRule;        // NCHW elementwise pass, looping CTAs: chunks per row (rule: affine_loop_chunks)
   int nhwc_min_rows = kRule;   // NHWC two-pass chunk floor in rows (0: the plain split)
   int small = 1;               // 0: never the small-group kernels
   int small_cta = 2;           // CTA-per-group small kernels: 0 never, 1 backward only, 2 both
@@ -71,7 +72,8 @@ inline constexpr TuningField kTuningFields[] = {
     {"GNEXT_RAGGED_SMALL", &Tuning::ragged_small, "bytes of a tensor whose tiny ragged groups take one-pass (rule: 1 MiB)"},
     {"GNEXT_TARGET_CTAS", &Tuning::target_ctas, "CTAs per two-pass launch (rule: 4 per SM)"},
     {"GNEXT_CHUNK_ALIGN", &Tuning::chunk_align, "two-pass NCHW chunk alignment, in 16-byte vectors"},
-    {"GNEXT_AFFINE_TILE", &Tuning::affine_tile, "two-pass NCHW elementwise pass over long rows: 1 a CTA per tile of 2048 vectors, 0 about 4 CTAs per SM looping over chunks"},
+    {"GNEXT_AFFINE_TILE", &Tuning::affine_tile, "two-pass NCHW elementwise pass over long rows: 1 a CTA per tile of 2048 vectors, 0 CTAs looping over chunks (rule: tiles, except the 2-byte GELU forwards on >= 3.8 TB/s)"},
+    {"GNEXT_AFFINE_K", &Tuning::affine_k, "two-pass NCHW elementwise pass, looping CTAs: chunks per row (rule: the fewest from target CTAs up whose last wave of resident CTAs is >= 70% full, or 8 waves)"},
     {"GNEXT_NHWC_MIN_ROWS", &Tuning::nhwc_min_rows, "two-pass NHWC chunk floor in pixel rows, 0: none"},
     {"GNEXT_SMALL", &Tuning::small, "small-group kernels: 0 never"},
     {"GNEXT_SMALL_CTA", &Tuning::small_cta, "CTA-per-group kernels: 0 never, 1 backward only, 2 both"},
