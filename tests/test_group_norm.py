@@ -493,7 +493,7 @@ def test_gpu_nhwc_min_rows(case, dtype, rows, tuning):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", ["0", "1"])  # about 4 CTAs per SM looping over chunks; a CTA per 2048-vector tile
+@pytest.mark.parametrize("tile", ["0", "1"])  # CTAs looping over chunks; a CTA per 2048-vector tile
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", [((2, 64, 96, 96), 8, None), ((1, 32, 129, 131), 4, None),
                                   ((1, 16, 300, 301), 4, None), ((2, 8, 6, 64, 65), 2, None)], ids=_ids)

@@ -145,6 +145,21 @@ def test_kernel_paths(onepass, act, shape, G, fmt, tuning):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["0", "1"], ids=["loop", "tiles"])
+@pytest.mark.parametrize("act", ["silu", "gelu", "identity"])
+def test_two_pass_elementwise_forward_with_and_without_residual(tile, act, tuning):
+    """The NCHW elementwise forward keeps a copy of its long-row loop without the residual (the 2-byte forward at
+    40 registers): both copies, in tiles and looping CTAs with 3 chunks per row, on rows of 1.5 (2-byte) and 3.03
+    (float32) tiles."""
+    for knob, value in (("GNEXT_ONEPASS", "0"), ("GNEXT_BULK", "0"), ("GNEXT_WIDE", "0"), ("GNEXT_SMALL", "0"),
+                        ("GNEXT_AFFINE_TILE", tile), ("GNEXT_AFFINE_K", "3")):
+        tuning.set(knob, value)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for with_res in (True, False):
+            _check("cuda", dtype, None, (2, 16, 97, 256), 4, act, with_res=with_res, seed=31)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("act", ACTS)
 def test_small_group_forward(act):
     """The small-group forward kernel (groups of <= 4 KB in registers) with every epilogue and a residual:
