@@ -21,6 +21,7 @@ constexpr int kNhwcActFwdThreads = 256;  // NHWC forward affine with an activati
 // The NCHW elementwise forward on 2-byte elements: at least this many kMaxThreads CTAs per SM (<= 40 registers;
 // 58-64 and two CTAs before: docs/decisions/two-pass-split.md#three-ctas-per-sm-for-the-2-byte-forward).
 constexpr int kAffineFwd16CtasPerSm = 3;
+constexpr int kAffineFwd32CtasPerSm = 2;  // float32: at most 64 registers
 
 enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
 

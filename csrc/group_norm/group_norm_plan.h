@@ -198,11 +198,11 @@ constexpr bool affine_tiles(bool bwd, int act, int64_t esize, int64_t peak_gbs) 
 }
 
 // The forward's looping elementwise CTAs (where affine_tiles is false): chunks per row K. From target_ctas CTAs up,
-// the fewest whose last wave of `resident` CTAs (kAffineFwd16CtasPerSm per SM) is at least 70% full, or that make
-// kAffineLoopManyWaves waves (their ends spread out); else the fullest last wave; at most max_k. Counted in
-// target_ctas alone, a last wave of a few resident CTAs streamed at a fraction of DRAM's rate. Example, H200 (396
-// resident), 1x288x768x768 fp16 GroupNorm+GELU: K = 2 (576 CTAs, a last wave of 180) 329.6 µs; K = 4 (1152, last
-// 360) 308.0 (docs/decisions/two-pass-split.md#looping-ctas-in-resident-waves).
+// the fewest whose last wave of `resident` CTAs (kAffineFwd16CtasPerSm or kAffineFwd32CtasPerSm per SM) is at least
+// 70% full, or that make kAffineLoopManyWaves waves (their ends spread out); else the fullest last wave; at most max_k.
+// Counted in target_ctas alone, a last wave of a few resident CTAs streamed at a fraction of DRAM's rate. Example,
+// H200 (396 resident), 1x288x768x768 fp16 GroupNorm+GELU: K = 2 (576 CTAs, a last wave of 180) 329.6 µs; K = 4 (1152,
+// last 360) 308.0 (docs/decisions/two-pass-split.md#looping-ctas-in-resident-waves).
 constexpr int64_t kAffineLoopManyWaves = 8;
 constexpr double kAffineLoopLastWaveFill = 0.7;
 constexpr int64_t affine_loop_chunks(int64_t rows, int64_t target, int64_t resident, int64_t max_k) {
@@ -260,7 +260,9 @@ inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, int64_
   const int64_t max_k = std::max<int64_t>(1, hwv / kVecsPerCta);
   const int64_t k = t.affine_k > 0 ? t.affine_k
                     : !bwd && t.target_ctas <= 0
-                        ? affine_loop_chunks(rows, target, kAffineFwd16CtasPerSm * int64_t{d.sms}, max_k)
+                        ? affine_loop_chunks(rows, target,
+                                             (esize == 2 ? kAffineFwd16CtasPerSm : kAffineFwd32CtasPerSm) * int64_t{d.sms},
+                                             max_k)
                         : 0;
   const RowSplit s = k > 0 ? nchw_row_split(p, V, k, rows * k, t.chunk_align, false)
                            : nchw_row_split(p, V, max_k, target, t.chunk_align, !bwd);
