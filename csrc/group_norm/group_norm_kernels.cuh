@@ -591,7 +591,7 @@ __device__ __forceinline__ void affine_vecs_dy_nchw(const T* __restrict__ x, con
 // it does not spill there. The float32 forward to 64, two CTAs (three were 0.3-0.6% slower; unbounded, the copy of the
 // loop without a residual took it to 56-89).
 template <typename T, int V, bool HasDy, int Pw>
-__global__ void __launch_bounds__(kMaxThreads, HasDy ? 1 : sizeof(T) == 2 ? kAffineFwd16CtasPerSm : kAffineFwd32CtasPerSm)
+__global__ void __launch_bounds__(kMaxThreads, HasDy ? 1 : affine_fwd_ctas_per_sm(sizeof(T)))
     affine_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out,
                        const float4* __restrict__ coef, int64_t rows, int64_t HxW, int64_t chunk, int rows_per_cta,
                        FastDivmod hwv, int64_t C, PwArgs pw) {

@@ -19,9 +19,13 @@ constexpr int kMaxThreads = 512;  // block size cap of every kernel
 constexpr int kNhwcActBwdThreads = 256;  // NHWC backward affine with SiLU (nhwc_split: <= 256)
 constexpr int kNhwcActFwdThreads = 256;  // NHWC forward affine with an activation or prologue (same)
 // The NCHW elementwise forward on 2-byte elements: at least this many kMaxThreads CTAs per SM (<= 40 registers;
-// 58-64 and two CTAs before: docs/decisions/two-pass-split.md#three-ctas-per-sm-for-the-2-byte-forward).
+// unbounded it takes 58-64, two CTAs: docs/decisions/two-pass-split.md#three-ctas-per-sm-for-the-2-byte-forward).
 constexpr int kAffineFwd16CtasPerSm = 3;
 constexpr int kAffineFwd32CtasPerSm = 2;  // float32: at most 64 registers
+// CTAs per SM of that forward for elements of esize bytes: its __launch_bounds__ and the planner's resident count.
+constexpr int affine_fwd_ctas_per_sm(int64_t esize) {
+  return esize == 2 ? kAffineFwd16CtasPerSm : kAffineFwd32CtasPerSm;
+}
 
 enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
 

@@ -190,7 +190,7 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
 constexpr bool persistent_kernels_pay(int64_t peak_gbs);
 // NCHW long rows in tiles (a CTA per kMaxThreads x kUnroll vectors) rather than CTAs looping over chunks: on the H100
 // forwards 2-13% and backwards 2-8% faster; on the H200 backwards 0-5%, float32 forwards 8%, 2-byte forwards 2-4%
-// and, at three CTAs per SM (kAffineFwd16CtasPerSm), 2-byte forwards with SiLU, ReLU, tanh or hardswish 2-5%. The
+// and, at three CTAs per SM (kAffineFwd16CtasPerSm), 2-byte forwards with SiLU, ReLU, tanh or hardswish 2-4.5%. The
 // H200's 2-byte forwards with GELU (erf or tanh form), whose math spills at 40 registers, keep the loop: 3-8% faster
 // there (docs/decisions/two-pass-split.md#three-ctas-per-sm-for-the-2-byte-forward).
 constexpr bool affine_tiles(bool bwd, int act, int64_t esize, int64_t peak_gbs) {
@@ -198,8 +198,8 @@ constexpr bool affine_tiles(bool bwd, int act, int64_t esize, int64_t peak_gbs) 
 }
 
 // The forward's looping elementwise CTAs (where affine_tiles is false): chunks per row K. From target_ctas CTAs up,
-// the fewest whose last wave of `resident` CTAs (kAffineFwd16CtasPerSm or kAffineFwd32CtasPerSm per SM) is at least
-// 70% full, or that make kAffineLoopManyWaves waves (their ends spread out); else the fullest last wave; at most max_k.
+// the fewest whose last wave of `resident` CTAs (affine_fwd_ctas_per_sm per SM) is at least 70% full, or that make
+// kAffineLoopManyWaves waves (their ends spread out); else the fullest last wave; at most max_k.
 // Counted in target_ctas alone, a last wave of a few resident CTAs streamed at a fraction of DRAM's rate. Example,
 // H200 (396 resident), 1x288x768x768 fp16 GroupNorm+GELU: K = 2 (576 CTAs, a last wave of 180) 329.6 µs; K = 4 (1152,
 // last 360) 308.0 (docs/decisions/two-pass-split.md#looping-ctas-in-resident-waves).
@@ -258,12 +258,9 @@ inline AffineGeometry affine_geometry(const Problem& p, bool nhwc, int V, int64_
     return g;
   }
   const int64_t max_k = std::max<int64_t>(1, hwv / kVecsPerCta);
-  const int64_t k = t.affine_k > 0 ? t.affine_k
-                    : !bwd && t.target_ctas <= 0
-                        ? affine_loop_chunks(rows, target,
-                                             (esize == 2 ? kAffineFwd16CtasPerSm : kAffineFwd32CtasPerSm) * int64_t{d.sms},
-                                             max_k)
-                        : 0;
+  int64_t k = t.affine_k;  // chunks per row; <= 0: nchw_row_split's count in target_ctas
+  if (k <= 0 && !bwd && t.target_ctas <= 0)
+    k = affine_loop_chunks(rows, target, affine_fwd_ctas_per_sm(esize) * int64_t{d.sms}, max_k);
   const RowSplit s = k > 0 ? nchw_row_split(p, V, k, rows * k, t.chunk_align, false)
                            : nchw_row_split(p, V, max_k, target, t.chunk_align, !bwd);
   g.rows_per_cta = 1;
@@ -891,18 +888,17 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
     ahead1 = bulk && bulk_ahead1_loses(p, r, *bulk, d, t);
   }
   if (bulk && !ahead1) {
-    const auto& g = bulk;
-    plan.kernel = Kernel::kBulk, plan.bulk = *g;
-    plan.why = g->team != g->grid
+    plan.kernel = Kernel::kBulk, plan.bulk = *bulk;
+    plan.why = bulk->team != bulk->grid
                    ? "bulk in teams: one team of every CTA would cut the groups into slices too short, so teams of "
                      "CTAs each take every teams-th group, slices of 4 KiB chunks that the ring holds at look-ahead "
                      "2, copied once into shared memory by bulk asynchronous copies"
                : persistent_kernels_pay(d.peak_gbs)
                    ? "bulk: slices of > 8 chunks per SM, copied once into shared memory by bulk asynchronous copies"
-               : g->stream
+               : bulk->stream
                    ? "bulk: slices streamed through shared memory, the part not held read again from L2 (>= 3.8 "
                      "TB/s: 8 KiB copies where 16 KiB ones would read too much again), by bulk asynchronous copies"
-               : g->consumers < kBulkMaxConsumers
+               : bulk->consumers < kBulkMaxConsumers
                    ? "bulk: held slices of more than 16 parts of 4 KiB per SM (>= 3.8 TB/s), the fewest consumer "
                      "warps that keep as many parts per warp as 16 warps would (float32: in 4 KiB copies), copied "
                      "once into shared memory by bulk asynchronous copies"
