@@ -330,6 +330,30 @@ def test_looping_elementwise_counts_resident_waves(tuning):
 
 
 @needs_planner
+def test_forward_reduction_counts_resident_waves(tuning):
+    """The NCHW forward reduction without a prologue: from nchw_row_split's chunks per row up to the first whose last
+    wave of resident CTAs (reduce_fwd_ctas_per_sm: 2 of 512 threads per SM for 16-byte vectors of 2-byte elements,
+    else 4) is >= 70% full or that make 4 waves (docs/decisions/two-pass-split.md#the-reduction-in-resident-waves).
+    GNEXT_TARGET_CTAS keeps the plain split."""
+    def reduce(spec, device="h200", act="silu"):
+        text = _plan(spec, device, act)[2].split("backward:")[0]
+        return text.split("reduce: ")[1].split(" chunk(s)")[0]
+
+    for knob in ("GNEXT_BULK", "GNEXT_ONEPASS", "GNEXT_WIDE"):  # two-pass on every shape
+        tuning.set(knob, "0")
+    for spec, k in (("1,288,768,768:32:float16", 4),    # 2: 576 CTAs = 2 x 264 + 48; 3: 864, last 72; 4: 4.4 waves
+                    ("1,256,768,768:32:bfloat16", 2),   # 512 = 264 + 248
+                    ("1,160,1024,1024:32:float16", 3),  # 480 = 264 + 216
+                    ("1,128,2048,2048:32:bfloat16", 4),  # 512
+                    ("1,288,768,768:32:float32", 5)):   # 4 per SM: 576 = 528 + 48; 1440 = 2 x 528 + 384
+        assert reduce(spec) == str(k), spec
+        assert reduce(spec, "h100") == str(k), spec  # 132 SMs on both
+    assert reduce("1,288,768,768:32:float16", act="identity") == "4"
+    tuning.set("GNEXT_TARGET_CTAS", "528")
+    assert reduce("1,288,768,768:32:float16") == "2"
+
+
+@needs_planner
 @pytest.mark.parametrize("spec,act,bwd", [
     ("32,256,56,56:32:bfloat16", "silu", "two-pass"),  # 1024 groups of 2 tiles, 16-bit, with an activation
     ("12,256,56,56:32:bfloat16", "relu", "two-pass"),

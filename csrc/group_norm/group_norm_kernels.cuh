@@ -148,7 +148,7 @@ __device__ __forceinline__ void load_dy_nhwc(const T* __restrict__ db, bool nchw
 // NCHW reduction. grid = (N*C rows, K chunks of HxW); partial[(row * K) + k].
 // `chunk` is a multiple of V; HxW % V == 0 when V > 1.
 template <typename T, int V, typename R, int Pw>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kMaxThreads, R::kNeedsDy || Pw != 0 ? 1 : reduce_fwd_ctas_per_sm(sizeof(T), V))
     reduce_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
                        typename R::State* __restrict__ partial, int64_t HxW, int64_t chunk, int64_t C, int64_t D,
                        int64_t G, PwArgs pw) {

@@ -161,11 +161,26 @@ inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k, int64_t t
   return s;
 }
 
-// The reduction pass. NHWC chunks are at least min(64, HxW / 32) rows where HxW >= 1024 (the split above cut
+// The forward's NCHW reduction without a prologue: chunks per row K, from nchw_row_split's k0 (waves of target_ctas)
+// up to the first whose last wave of `resident` CTAs (reduce_fwd_ctas_per_sm per SM) is at least 70% full or that
+// makes kReduceManyWaves waves; k0 where none up to max_k is. A last wave of a few CTAs streams its chunks at a
+// fraction of DRAM's rate, and more, smaller chunks cost each CTA's start and block reduction.
+// Example, H200 (264 resident), 1x288x768x768 fp16: k0 = 2 (576 CTAs, a last wave of 48) 264.2 µs; K = 3 (.27 full)
+// 259.8; K = 4 (4.4 waves) 257.3; K = 7 260.8 (docs/decisions/two-pass-split.md#the-reduction-in-resident-waves).
+constexpr int64_t kReduceManyWaves = 4;
+constexpr int64_t reduce_fwd_chunks(int64_t rows, int64_t k0, int64_t resident, int64_t max_k) {
+  for (int64_t k = k0; k <= max_k; ++k) {
+    const int64_t last = rows * k % resident;
+    if (last == 0 || last * 10 >= resident * 7 || rows * k >= kReduceManyWaves * resident) return k;
+  }
+  return k0;
+}
+
+// The reduction pass (prologue: x goes through an input prologue first). NHWC chunks are at least min(64, HxW / 32) rows where HxW >= 1024 (the split above cut
 // 64x64 maps into 8-16-row chunks whose partials the finalize then had to merge; 2x640x64x64 fp16 CL forward
 // 30.5 -> 21.8 µs on the H100); Tuning::nhwc_min_rows overrides.
 inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_bytes, bool bwd,
-                                      const Device& d, const Tuning& t) {
+                                      const Device& d, const Tuning& t, int64_t esize, bool prologue) {
   ReduceGeometry g{};
   g.nhwc = nhwc;
   g.vec = V;
@@ -181,8 +196,13 @@ inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t
     g.smem = static_cast<size_t>(g.rpi) * p.C * state_bytes;
     return g;
   }
-  const RowSplit s = nchw_row_split(p, V, p.HxW / 4096, bwd ? bwd_target_ctas(d, t) : target_ctas(d, t),
-                                    t.chunk_align, !bwd);
+  const int64_t max_k = p.HxW / 4096;
+  RowSplit s = nchw_row_split(p, V, max_k, bwd ? bwd_target_ctas(d, t) : target_ctas(d, t), t.chunk_align, !bwd);
+  if (!bwd && !prologue && t.target_ctas <= 0 && s.K < max_k) {
+    const int64_t rows = p.N * p.C;
+    const int64_t k = reduce_fwd_chunks(rows, s.K, reduce_fwd_ctas_per_sm(esize, V) * int64_t{d.sms}, max_k);
+    if (k != s.K) s = nchw_row_split(p, V, k, rows * k, t.chunk_align, false);
+  }
   g.K = s.K, g.chunk = s.chunk, g.threads = s.threads;
   return g;
 }
@@ -281,7 +301,8 @@ inline PartialLayout partial_layout(const Problem& p, const ReduceGeometry& g) {
 inline bool use_nhwc(const Problem& p, const Request& r, size_t state_bytes, const Device& d, const Tuning& t) {
   if (r.contiguous && p.HxW != 1) return false;
   const int V = vector_width(r.esize, p.C, r.aligned);
-  return reduce_geometry(p, true, V, state_bytes, false, d, t).smem <= static_cast<size_t>(d.smem_per_block);
+  return reduce_geometry(p, true, V, state_bytes, false, d, t, r.esize, r.prologue).smem <=
+         static_cast<size_t>(d.smem_per_block);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -853,7 +874,8 @@ inline std::optional<BulkGeometry> bulk_nhwc_geometry(const Problem& p, const Re
 inline Plan two_pass(Plan plan, const Problem& p, const Request& r, bool bwd, const Device& d, const Tuning& t) {
   plan.kernel = Kernel::kTwoPass;
   const int V = vector_width(r.esize, plan.nhwc ? p.C : p.HxW, r.aligned);
-  plan.reduce = reduce_geometry(p, plan.nhwc, V, bwd ? kGradStateBytes : kMomentsStateBytes, bwd, d, t);
+  plan.reduce = reduce_geometry(p, plan.nhwc, V, bwd ? kGradStateBytes : kMomentsStateBytes, bwd, d, t, r.esize,
+                                r.prologue);
   if (!bwd || r.need_dx) plan.affine = affine_geometry(p, plan.nhwc, V, r.esize, bwd, r.act, d, t);
   return plan;
 }
