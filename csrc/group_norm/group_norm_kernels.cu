@@ -48,8 +48,12 @@ cudaError_t launch_reduce(bool grad, ScalarKind t, const Problem& p, const Reduc
         if (pw.dy_nchw) return cudaErrorInvalidValue;
         return launch(std::false_type{});
       } else {
-        return launch_dependent(reduce_nchw_kernel<T, V, R, P>, dim3(p.N * p.C, g.K), dim3(g.threads), 0, stream, xp,
-                                dyp, mean, out, p.HxW, g.chunk, p.C, p.D, p.G, pw);
+        if constexpr (!R::kNeedsDy && P == kPreNone)
+          return launch_dependent(reduce_nchw_fwd_kernel<T, V>, dim3(p.N * p.C, g.K), dim3(g.threads), 0, stream, xp,
+                                  out, p.HxW, g.chunk, p.C, p.D, p.G, pw);
+        else
+          return launch_dependent(reduce_nchw_kernel<T, V, R, P>, dim3(p.N * p.C, g.K), dim3(g.threads), 0, stream,
+                                  xp, dyp, mean, out, p.HxW, g.chunk, p.C, p.D, p.G, pw);
       }
     };
     // The forward reduction is the same for every output activation: prologue modes only.

@@ -148,10 +148,9 @@ __device__ __forceinline__ void load_dy_nhwc(const T* __restrict__ db, bool nchw
 // NCHW reduction. grid = (N*C rows, K chunks of HxW); partial[(row * K) + k].
 // `chunk` is a multiple of V; HxW % V == 0 when V > 1.
 template <typename T, int V, typename R, int Pw>
-__global__ void __launch_bounds__(kMaxThreads, R::kNeedsDy || Pw != 0 ? 1 : reduce_fwd_ctas_per_sm(sizeof(T), V))
-    reduce_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
-                       typename R::State* __restrict__ partial, int64_t HxW, int64_t chunk, int64_t C, int64_t D,
-                       int64_t G, PwArgs pw) {
+__device__ __forceinline__ void reduce_nchw(const T* __restrict__ x, const T* __restrict__ dy,
+                                            const float* __restrict__ mean, typename R::State* __restrict__ partial,
+                                            int64_t HxW, int64_t chunk, int64_t C, int64_t D, int64_t G, PwArgs pw) {
   pdl_trigger();  // the finalize after it may launch (launch_dependent)
   pdl_wait();     // launched as dependent of the caller's previous kernel
   using State = typename R::State;
@@ -206,6 +205,24 @@ __global__ void __launch_bounds__(kMaxThreads, R::kNeedsDy || Pw != 0 ? 1 : redu
   }
   s = block_reduce<typename R::Op>(s, scratch);
   if (threadIdx.x == 0) partial[row * gridDim.y + blockIdx.y] = s;
+}
+
+template <typename T, int V, typename R, int Pw>
+__global__ void __launch_bounds__(kMaxThreads)
+    reduce_nchw_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ mean,
+                       typename R::State* __restrict__ partial, int64_t HxW, int64_t chunk, int64_t C, int64_t D,
+                       int64_t G, PwArgs pw) {
+  reduce_nchw<T, V, R, Pw>(x, dy, mean, partial, HxW, chunk, C, D, G, pw);
+}
+
+// The forward's reduction without a prologue, at reduce_fwd_ctas_per_sm CTAs per SM: the planner counts its waves in
+// them (reduce_fwd_chunks). A kernel of its own: a minimum-blocks bound on the template above also changed the
+// registers of its other instances (the backward's and the prologues', 32-64 -> 40-124), which were not measured.
+template <typename T, int V>
+__global__ void __launch_bounds__(kMaxThreads, reduce_fwd_ctas_per_sm(sizeof(T), V))
+    reduce_nchw_fwd_kernel(const T* __restrict__ x, typename MomentsReducer::State* __restrict__ partial,
+                           int64_t HxW, int64_t chunk, int64_t C, int64_t D, int64_t G, PwArgs pw) {
+  reduce_nchw<T, V, MomentsReducer, 0>(x, nullptr, nullptr, partial, HxW, chunk, C, D, G, pw);
 }
 
 // ---------------------------------------------------------------------------------------------

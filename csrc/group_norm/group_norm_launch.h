@@ -27,9 +27,9 @@ constexpr int affine_fwd_ctas_per_sm(int64_t esize) {
   return esize == 2 ? kAffineFwd16CtasPerSm : kAffineFwd32CtasPerSm;
 }
 
-// The NCHW forward reduction without a prologue, V-element vectors: kMaxThreads CTAs per SM, its __launch_bounds__
-// and the planner's resident count (reduce_fwd_chunks). ptxas gives 8-wide 2-byte vectors 44 registers (two CTAs),
-// the others 28-32.
+// The NCHW forward reduction without a prologue (reduce_nchw_fwd_kernel), V-element vectors: kMaxThreads CTAs per SM,
+// its __launch_bounds__ and the planner's resident count (reduce_fwd_chunks). 8-wide 2-byte vectors take 55
+// registers under this bound (44 without), two CTAs; the others 28-32, four.
 constexpr int reduce_fwd_ctas_per_sm(int64_t esize, int V) { return esize == 2 && V == 8 ? 2 : 4; }
 
 enum class ScalarKind : int { Float = 0, Half = 1, BFloat16 = 2 };
