@@ -161,24 +161,29 @@ inline RowSplit nchw_row_split(const Problem& p, int V, int64_t max_k, int64_t t
   return s;
 }
 
+// Whether `ctas` CTAs make waves of `resident` (the CTAs that fit at once) whose last is at least 70% full, or at
+// least `many_waves` waves (their ends spread out): the chunk splits below stop at the first such count.
+constexpr bool fills_resident_waves(int64_t ctas, int64_t resident, int64_t many_waves) {
+  const int64_t last = ctas % resident;
+  return last == 0 || last * 10 >= resident * 7 || ctas >= many_waves * resident;
+}
+
 // The forward's NCHW reduction without a prologue: chunks per row K, from nchw_row_split's k0 (waves of target_ctas)
-// up to the first whose last wave of `resident` CTAs (reduce_fwd_ctas_per_sm per SM) is at least 70% full or that
-// makes kReduceManyWaves waves; k0 where none up to max_k is. A last wave of a few CTAs streams its chunks at a
-// fraction of DRAM's rate, and more, smaller chunks cost each CTA's start and block reduction.
+// up to the first that fills_resident_waves of `resident` CTAs (reduce_fwd_ctas_per_sm per SM) or kReduceManyWaves
+// waves; k0 where none up to max_k does. A last wave of a few CTAs streams its chunks at a fraction of DRAM's rate,
+// and more, smaller chunks cost each CTA's start and block reduction.
 // Example, H200 (264 resident), 1x288x768x768 fp16: k0 = 2 (576 CTAs, a last wave of 48) 264.2 µs; K = 3 (.27 full)
 // 259.8; K = 4 (4.4 waves) 257.3; K = 7 260.8 (docs/decisions/two-pass-split.md#the-reduction-in-resident-waves).
 constexpr int64_t kReduceManyWaves = 4;
 constexpr int64_t reduce_fwd_chunks(int64_t rows, int64_t k0, int64_t resident, int64_t max_k) {
-  for (int64_t k = k0; k <= max_k; ++k) {
-    const int64_t last = rows * k % resident;
-    if (last == 0 || last * 10 >= resident * 7 || rows * k >= kReduceManyWaves * resident) return k;
-  }
+  for (int64_t k = k0; k <= max_k; ++k)
+    if (fills_resident_waves(rows * k, resident, kReduceManyWaves)) return k;
   return k0;
 }
 
-// The reduction pass (prologue: x goes through an input prologue first). NHWC chunks are at least min(64, HxW / 32) rows where HxW >= 1024 (the split above cut
-// 64x64 maps into 8-16-row chunks whose partials the finalize then had to merge; 2x640x64x64 fp16 CL forward
-// 30.5 -> 21.8 µs on the H100); Tuning::nhwc_min_rows overrides.
+// The reduction pass (prologue: x goes through an input prologue first). NHWC chunks are at least min(64, HxW / 32)
+// rows where HxW >= 1024 (the split above cut 64x64 maps into 8-16-row chunks whose partials the finalize then had
+// to merge; 2x640x64x64 fp16 CL forward 30.5 -> 21.8 µs on the H100); Tuning::nhwc_min_rows overrides.
 inline ReduceGeometry reduce_geometry(const Problem& p, bool nhwc, int V, size_t state_bytes, bool bwd,
                                       const Device& d, const Tuning& t, int64_t esize, bool prologue) {
   ReduceGeometry g{};
@@ -218,21 +223,17 @@ constexpr bool affine_tiles(bool bwd, int act, int64_t esize, int64_t peak_gbs) 
 }
 
 // The forward's looping elementwise CTAs (where affine_tiles is false): chunks per row K. From target_ctas CTAs up,
-// the fewest whose last wave of `resident` CTAs (affine_fwd_ctas_per_sm per SM) is at least 70% full, or that make
-// kAffineLoopManyWaves waves (their ends spread out); else the fullest last wave; at most max_k.
+// the fewest that fills_resident_waves of `resident` CTAs (affine_fwd_ctas_per_sm per SM) or kAffineLoopManyWaves
+// waves; else the fullest last wave; at most max_k.
 // Counted in target_ctas alone, a last wave of a few resident CTAs streamed at a fraction of DRAM's rate. Example,
 // H200 (396 resident), 1x288x768x768 fp16 GroupNorm+GELU: K = 2 (576 CTAs, a last wave of 180) 329.6 µs; K = 4 (1152,
 // last 360) 308.0 (docs/decisions/two-pass-split.md#looping-ctas-in-resident-waves).
 constexpr int64_t kAffineLoopManyWaves = 8;
-constexpr double kAffineLoopLastWaveFill = 0.7;
 constexpr int64_t affine_loop_chunks(int64_t rows, int64_t target, int64_t resident, int64_t max_k) {
-  int64_t best = max_k;
-  double best_fill = -1.0;
+  int64_t best = max_k, best_last = -1;
   for (int64_t k = std::max<int64_t>(1, ceil_div(target, rows)); k <= max_k; ++k) {
-    const int64_t last = rows * k % resident;
-    const double fill = last == 0 ? 1.0 : static_cast<double>(last) / static_cast<double>(resident);
-    if (fill >= kAffineLoopLastWaveFill || rows * k >= kAffineLoopManyWaves * resident) return k;
-    if (fill > best_fill) best = k, best_fill = fill;
+    if (fills_resident_waves(rows * k, resident, kAffineLoopManyWaves)) return k;
+    if (rows * k % resident > best_last) best = k, best_last = rows * k % resident;
   }
   return best;
 }
