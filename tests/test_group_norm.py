@@ -717,8 +717,9 @@ def test_nonfinite_propagates_like_torch(device, onepass, fmt, bad, tuning):
 
 
 # The small-group kernels (group_norm_small.cu): groups of at most 256 16-byte vectors held in registers by
-# 1-32 lanes of a warp; HxW == 1 channels_last included ((N, C) memory is the same in both layouts). Each
-# case forward and backward against float64, and with GNEXT_SMALL=0 (the one-pass / two-pass kernels) as well.
+# 1-32 lanes of a warp, or by a CTA (forward up to 4096 vectors, backward 2048); HxW == 1 channels_last included
+# ((N, C) memory is the same in both layouts). Each case forward and backward against float64, and with
+# GNEXT_SMALL=0 (the one-pass / two-pass kernels) as well.
 SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is taken
     ((64, 512, 1, 1), 32, CL),  # HxW = 1 channels_last: D = 16 elements per group, a lane per group
     ((64, 512, 1, 1), 32, None),
@@ -736,7 +737,9 @@ SMALL_CASES = [  # at least 64 groups (N*G), where the small-group kernel is tak
     # A CTA per group (more than 256 vectors, at least a group per SM on GPUs of up to 264 SMs):
     ((40, 640, 7, 7), 10, None),  # HxW = 49, vectors cross channels: bf16 392 vectors (2 per thread), fp32 784
     ((48, 512, 8, 8), 8, None),  # 4096 elements: 512 / 1024 vectors
-    ((68, 256, 16, 16), 4, None),  # 16384 elements: bf16 2048 vectors (8 per thread); fp32 too many: other kernels
+    ((68, 256, 16, 16), 4, None),  # 16384 elements: bf16 2048 vectors (8 per thread); fp32 4096 (forward 16 per
+    # thread; the backward, over 8: other kernels)
+    ((9, 64, 57, 63), 16, None),  # 144 groups of 14364 elements: fp32 3591 vectors crossing channels (14 per thread)
     ((44, 192, 9, 9), 6, None),  # 264 groups, 2592 elements, fp32 ragged
     ((8, 256, 32, 32), 32, None),  # 256 groups (UNet2DModel at batch 8): 1024 / 2048 vectors
 ]

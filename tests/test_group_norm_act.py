@@ -194,12 +194,15 @@ def test_small_group_backward_plans(act, knobs, tuning):
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["silu", "relu", "hardswish", "gelu"])
 def test_small_group_cta_plans(act):
-    """The small-group kernels with a CTA per group (groups of 257-2048 vectors, at least one per SM), forward and
-    backward with each epilogue: vectors that cross channels (HxW = 49), a residual, 2-8 vectors per thread."""
+    """The small-group kernels with a CTA per group (groups of 257-2048 vectors, at least one per SM; the forward up
+    to 4096), forward and backward with each epilogue: vectors that cross channels (HxW = 49, 3591), a residual,
+    2-16 vectors per thread (fp32 16384 and 14364 elements: the forward's 16, the backward's other kernels)."""
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         _check("cuda", dtype, None, (40, 640, 7, 7), 10, act, with_res=True, seed=12)
         _check("cuda", dtype, None, (48, 512, 8, 8), 8, act, with_res=False, seed=14)
-    _check("cuda", torch.bfloat16, None, (68, 256, 16, 16), 4, act, with_res=False, seed=15)
+    for dtype in (torch.float32, torch.bfloat16):
+        _check("cuda", dtype, None, (68, 256, 16, 16), 4, act, with_res=False, seed=15)
+    _check("cuda", torch.float32, None, (9, 64, 57, 63), 16, act, with_res=True, seed=16)
 
 
 @pytest.mark.gpu

@@ -415,3 +415,19 @@ def test_input_bias_rule():
             assert fwd == expected and bwd == plain[1], (spec, device, text)
             assert "input shift" in text.split("backward:")[0], text
     assert _plan("1,512,128,128:32:float16:cl", "h200", "silu", input_bias=True)[0] == "wide channels_last"
+
+
+@needs_planner
+def test_small_group_cta_forward_holds_64kb_groups():
+    """A CTA per group holds up to 16 vectors per thread in the forward (groups of 16-64 KB: ResNet-GN's 28x28 and
+    56x56 maps), 8 in the backward (x and dy) and in the 2-byte GELU forward, on both GPUs; groups over 64 KB or fewer
+    groups than SMs take the other kernels (docs/decisions/small-groups.md)."""
+    for dev in ("h100", "h200"):
+        for spec, act in (("32,512,28,28:32:float32", "silu"), ("32,512,28,28:32:float32", "gelu"),
+                          ("32,256,56,56:32:bfloat16", "identity"), ("8,512,32,32:32:float32", "relu")):
+            fwd, bwd, text = _plan(spec, dev, act=act)
+            assert fwd == "small-group" and bwd != "small-group", (spec, act, dev)
+            assert "registers for 16" in text.split("backward:")[0], text
+        assert _plan("32,256,56,56:32:bfloat16", dev, act="gelu")[0] != "small-group"
+        assert _plan("8,1024,32,32:32:float32", dev)[0] != "small-group"  # 128 KB groups
+        assert _plan("2,512,28,28:32:float32", dev)[0] != "small-group"  # 64 groups

@@ -272,6 +272,7 @@ constexpr int kSmallThreads = 256;
 constexpr int kSmallMaxVecs = 256;           // 32 lanes x 8 vectors: 4 KB of x per group
 constexpr size_t kSmallMaxSmem = 100 * 1024;  // backward pieces per CTA (2 CTAs per SM)
 constexpr int kSmallCtaLog2 = 8;              // lanes_log2 of a plan with a CTA per group (256 lanes)
+constexpr int kSmallCtaFwdMaxK = 16;          // forward, a CTA per group: up to 16 vectors per thread (64 KB)
 // The output activations whose small-group kernels come with registers sized by the plan (K = 1, 2, 4, 8) and
 // with a CTA per group; the others (GELU, tanh, hardswish: rarer after a GroupNorm) have the warp kernels with
 // 8 vector registers per lane only. Each variant of a backward kernel is 50-440 KB of SASS per architecture:
@@ -286,8 +287,8 @@ constexpr bool small_cta_act(int act) { return small_sized_act(act) || act == kA
 struct SmallGeometry {
   int vec;         // elements per 16-byte vector
   int lanes_log2;  // lanes per group: 1 .. 32, or kSmallCtaLog2: the CTA
-  int k;           // vectors per lane, <= kSmallMaxVecs / 32
-  int kreg;        // vector registers per lane (the kernels' K): k rounded up to 1, 2, 4 or 8
+  int k;           // vectors per lane, <= kSmallMaxVecs / 32 (a CTA per group's forward: kSmallCtaFwdMaxK)
+  int kreg;        // vector registers per lane (the kernels' K): k rounded up to 1, 2, 4, 8 or 16
   unsigned grid;
   size_t smem;     // backward: dynamic shared memory bytes; forward: 0
 };

@@ -476,8 +476,10 @@ constexpr bool onepass_allows(const Request& r, bool nhwc) {
 // Small-group kernels (group_norm_small.cu): NCHW memory (or HxW == 1), no prologue, at least 64 groups of at
 // most kSmallMaxVecs vectors, each held in registers by the fewest lanes (a power of two) taking at most 4
 // vectors (8 at 32 lanes), then more lanes while the grid has fewer than small_fill CTAs per SM. Larger groups
-// (up to 8 vectors per thread of a CTA) get a CTA each where there is at least small_cta_min group per SM
-// (identity, SiLU, ReLU, GELU). docs/decisions/small-groups.md.
+// (up to 8 vectors per thread of a CTA; the forward 16, 64 KB groups, but for 2-byte GELU) get a CTA each where
+// there is at least small_cta_min group per SM (identity, SiLU, ReLU, GELU). docs/decisions/small-groups.md.
+// Example: ResNet-50-GN 32x512x28x28 fp32: 1024 groups of 3136 vectors, 13 per thread of a CTA (registers for 16,
+// 2 CTAs per SM) instead of the one-pass forward's 4 tiles per persistent CTA: 52.4 -> 42.2 µs with SiLU (H200).
 // Example: 256x1024x1x1 bf16 G=32: 8192 groups of 32 elements (4 vectors): 1 lane each gives 32 CTAs, under
 // the 264 of the fill rule -> 2 lanes (64 CTAs) -> 4 lanes (128 CTAs, one vector per lane: no more lanes).
 constexpr int64_t kSmallMinGroups = 64;
@@ -493,7 +495,9 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, const Reque
   const bool cta_plan = nvec > kSmallMaxVecs;
   if (cta_plan) {
     if (!small_cta_act(r.act)) return std::nullopt;
-    const bool fits = nvec <= int64_t{kSmallThreads} * (kSmallMaxVecs / 32) &&
+    // The forward holds up to 16 vectors per thread; 2-byte GELU and the backward (x and dy) 8.
+    const int kmax = bwd || (r.act == kActGelu && r.esize == 2) ? kSmallMaxVecs / 32 : kSmallCtaFwdMaxK;
+    const bool fits = nvec <= int64_t{kSmallThreads} * kmax &&
                       p.N * p.G >= int64_t{t.small_cta_min} * d.sms;
     // The backward with an activation stops at 4 vectors per thread (8 took 210 registers).
     const bool act_bwd_fits = !bwd || r.act == kActIdentity || nvec <= int64_t{kSmallThreads} * 4;
@@ -514,7 +518,7 @@ inline std::optional<SmallGeometry> small_geometry(const Problem& p, const Reque
   }
   // Registers sized by k (1, 2, 4, 8) for the activations that have those variants.
   const bool sized = cta_plan || (small_sized_act(r.act) && t.small_kreg != 8);
-  g.kreg = !sized ? 8 : g.k <= 1 ? 1 : g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
+  g.kreg = g.k > 8 ? 16 : !sized ? 8 : g.k <= 1 ? 1 : g.k <= 2 ? 2 : g.k <= 4 ? 4 : 8;
   g.smem = 0;
   if (bwd) {  // a CTA's per-channel pieces: one group's (CTA per group) or those of all its warps' groups
     const SmallPieces pc(static_cast<uint32_t>(p.HxW), static_cast<uint32_t>(V));
@@ -901,7 +905,10 @@ inline Plan plan_forward(const Problem& p, const Request& r, const Device& d, co
   // HxW == 1 in NCHW memory: the small-group kernel is one launch where the NHWC kernels take three.
   if (plan.nhwc && p.HxW == 1 && r.contiguous && small) plan.nhwc = false;
   if (!plan.nhwc && small) {
-    plan.kernel = Kernel::kSmall, plan.small = *small, plan.why = "small-group: >= 64 groups of <= 4 KB, in registers";
+    plan.kernel = Kernel::kSmall, plan.small = *small;
+    plan.why = small->lanes_log2 == kSmallCtaLog2
+                   ? "small-group: >= 1 group per SM of <= 64 KB, a CTA per group, in registers"
+                   : "small-group: >= 64 groups of <= 4 KB, in registers";
     return plan;
   }
   std::optional<BulkGeometry> bulk;
@@ -973,7 +980,9 @@ inline Plan plan_backward(const Problem& p, const Request& r, const Device& d, c
   if (r.flat)
     if (const auto g = small_geometry(p, r, true, d, t)) {
       plan.kernel = Kernel::kSmall, plan.small = *g;
-      plan.why = "small-group: >= 64 groups of <= 4 KB, x and dy in registers";
+      plan.why = g->lanes_log2 == kSmallCtaLog2
+                     ? "small-group: >= 1 group per SM of <= 32 KB, a CTA per group, x and dy in registers"
+                     : "small-group: >= 64 groups of <= 4 KB, x and dy in registers";
       return plan;
     }
   plan.nhwc = use_nhwc(p, r, kGradStateBytes, d, t);

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Small-group GroupNorm (NCHW groups of at most kSmallMaxVecs 16-byte vectors, e.g. HxW = 1, 4x4 maps, odd
 // small C/G): `lanes` lanes of a warp hold one group in registers, k vectors each (vector v of a group on
-// lane v % lanes). Groups of up to 8 vectors per thread of a CTA (ResNet-GN's 7x7 and 14x14 maps): the same
-// kernels with the CTA's 256 threads as the lanes (Cta), the sums through shared memory (group_sum).
+// lane v % lanes). Groups of up to 8 vectors per thread of a CTA (ResNet-GN's 7x7 and 14x14 maps; the forward up
+// to 16: its 28x28 and 56x56 maps): the same kernels with the CTA's 256 threads as the lanes (Cta), the sums
+// through shared memory (group_sum).
 // Geometry: SmallGeometry (group_norm_launch.h), chosen by small_geometry (group_norm_plan.h).
 // Forward, one launch, no shared memory (Cta: 64 bytes), no scratch, no inter-CTA waits:
 //   mean = x0 + sum(x - x0) / L (x0: the group's first element),  var = sum((x - mean)^2) / L  (two passes
@@ -64,12 +65,34 @@ __global__ void __launch_bounds__(kSmallThreads)
   const bool active = u < groups;
   const uint32_t nvec = L / V;
   const T* __restrict__ xg = static_cast<const T*>(a.x) + (active ? u : 0) * L;
-  float xv[K][V];
+  // 2-byte elements at 16 vectors per thread are held as loaded and converted at each use: as float they took
+  // 203-213 registers (one CTA per SM; 0.56x the one-pass forward on the H200), raw 16-byte vectors take 64.
+  constexpr bool kRaw = K == 16 && sizeof(T) == 2;
+  using Raw = typename Pack<T, V>::Raw;
+  float xv[kRaw ? 1 : K][V];
+  Raw xr[kRaw ? K : 1];
+  auto vec = [&](int i, float (&f)[V]) {
+    if constexpr (kRaw) {
+      Pack<T, V> pk;
+      pk.raw = xr[i];
+#pragma unroll
+      for (int e = 0; e < V; ++e) f[e] = to_float(pk.v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) f[e] = xv[i][e];
+    }
+  };
 #pragma unroll
   for (int i = 0; i < K; ++i) {
     const uint32_t v = sl + i * lanes;
     if (i < k && active && v < nvec) {
-      load_vec<T, V>(xg + v * V, xv[i]);
+      if constexpr (kRaw) {
+        xr[i] = ldg_raw(reinterpret_cast<const Raw*>(xg + v * V));
+      } else {
+        load_vec<T, V>(xg + v * V, xv[i]);
+      }
+    } else if constexpr (kRaw) {
+      xr[i] = Raw{};
     } else {
 #pragma unroll
       for (int e = 0; e < V; ++e) xv[i][e] = 0.f;
@@ -82,8 +105,10 @@ __global__ void __launch_bounds__(kSmallThreads)
 #pragma unroll
   for (int i = 0; i < K; ++i) {
     if (i < k && sl + i * lanes < nvec) {
+      float f[V];
+      vec(i, f);
 #pragma unroll
-      for (int e = 0; e < V; ++e) s += xv[i][e] - x0;
+      for (int e = 0; e < V; ++e) s += f[e] - x0;
     }
   }
   s = group_sum<Cta>(make_float2(s, 0.f), lanes, red).x;
@@ -92,9 +117,11 @@ __global__ void __launch_bounds__(kSmallThreads)
 #pragma unroll
   for (int i = 0; i < K; ++i) {
     if (i < k && sl + i * lanes < nvec) {
+      float f[V];
+      vec(i, f);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float d = xv[i][e] - mean;
+        const float d = f[e] - mean;
         q = fmaf(d, d, q);
       }
     }
@@ -113,7 +140,8 @@ __global__ void __launch_bounds__(kSmallThreads)
   for (int i = 0; i < K; ++i) {
     const uint32_t v = sl + i * lanes;
     if (i >= k || v >= nvec) continue;
-    float* y = xv[i];
+    float y[V];
+    vec(i, y);
     normalize_straddling<A, V>(y, v * V, hw, c0, mean, rstd, a.gamma, a.beta, a.wt);
     if (rg != nullptr) {
       float rv[V];
@@ -316,9 +344,9 @@ template <typename T, int A, int K>
 struct SmallBwdTag {};
 
 // Both launchers: checks the plan, then f(T{}, integral_constant<int, A>, integral_constant<int, K>, bool_constant<Cta>)
-// with V = 16 / sizeof(T) and K = g.kreg, the plan's vectors per lane rounded up to 1, 2, 4 or 8: the
-// registers that hold a lane's vectors are sized by K, so a plan of few vectors per lane keeps more CTAs
-// resident (with K = 8 for every plan, every small kernel took 126-128 registers). H100 kernel µs forward /
+// with V = 16 / sizeof(T) and K = g.kreg, the plan's vectors per lane rounded up to 1, 2, 4, 8 (or 16: a CTA's
+// forward): the registers that hold a lane's vectors are sized by K, so a plan of few vectors per lane keeps more
+// CTAs resident (with K = 8 for every plan, every small kernel took 126-128 registers). H100 kernel µs forward /
 // backward, GNEXT_SMALL_KREG=8 (K = 8 always) -> sized, inputs in DRAM: 1024x512x4x4 fp16 22.9 / 38.8 -> 15.6 /
 // 36.4, 256x1024x1x1 bf16 4.7 / 10.8 -> 4.1 / 10.0; inputs L2-resident: 32x256x7x7 bf16 5.9 / 7.7 -> 5.0 / 7.2, 256x256x7x7 fp32 14.5 / 27.6
 // -> 13.5 / 23.4, 2x1280x1x1 fp16 3.7 / 6.0 -> 2.9 / 5.2.
@@ -326,7 +354,7 @@ template <typename F>
 cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& a, F&& f) {
   static_assert(kSmallMaxVecs / 32 == 8, "K dispatch below covers 1..8 vectors per lane");
   const bool cta = g.lanes_log2 == kSmallCtaLog2;
-  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > g.kreg || g.kreg > kSmallMaxVecs / 32 ||
+  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > g.kreg || g.kreg > (cta ? 16 : kSmallMaxVecs / 32) ||
       g.lanes_log2 < 0 || (g.lanes_log2 > 5 && !cta) || (cta && g.kreg < 2) || g.smem > kSmallMaxSmem)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
@@ -342,6 +370,9 @@ cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& 
             case 2: return f(tt, aa, std::integral_constant<int, 2>{}, Cta{});
             case 4: return f(tt, aa, std::integral_constant<int, 4>{}, Cta{});
             case 8: return f(tt, aa, K8{}, Cta{});
+            case 16:  // GELU: float32 only (small_geometry)
+              if constexpr (sizeof(decltype(tt)) == 4) return f(tt, aa, std::integral_constant<int, 16>{}, Cta{});
+              return cudaErrorInvalidValue;
             default: return cudaErrorInvalidValue;
           }
         }
@@ -355,6 +386,7 @@ cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& 
           case 5: return f(tt, aa, std::integral_constant<int, 2>{}, Cta{});
           case 9: return f(tt, aa, std::integral_constant<int, 4>{}, Cta{});
           case 17: return f(tt, aa, K8{}, Cta{});
+          case 33: return f(tt, aa, std::integral_constant<int, 16>{}, Cta{});
           default: return cudaErrorInvalidValue;
         }
       }
@@ -384,7 +416,7 @@ cudaError_t launch_small_backward(ScalarKind t, const Problem& p, const SmallGeo
     using T = decltype(tt);
     constexpr int V = 16 / sizeof(T), A = decltype(aa)::value, K = decltype(kk)::value;
     constexpr bool Cta = decltype(cc)::value;
-    if constexpr (Cta && K == 8 && A != kActIdentity) {  // not built: small_geometry leaves it to other kernels
+    if constexpr ((Cta && K == 8 && A != kActIdentity) || K == 16) {  // not built: small_geometry leaves it to others
       return cudaErrorInvalidValue;
     } else {
       if (g.smem > 48 * 1024) {
