@@ -262,7 +262,8 @@ cudaError_t launch_bulk_backward(ScalarKind t, const Problem& p, const BulkGeome
 
 // Small groups (group_norm_small.cu): NCHW groups of at most kSmallMaxVecs 16-byte vectors, each held in
 // registers by 2^lanes_log2 lanes of a warp (k vectors per lane); the group's sums by warp shuffles. Groups of
-// up to kSmallThreads * 8 vectors (lanes_log2 == kSmallCtaLog2): a CTA per group, sums through shared memory.
+// up to kSmallThreads * 8 vectors (the forward's: * kSmallCtaFwdMaxK) (lanes_log2 == kSmallCtaLog2): a CTA per
+// group, sums through shared memory.
 // Forward: one launch of `grid` CTAs of kSmallThreads; takes OnePassArgs' x, out, gamma, beta, wt, mean,
 // rstd, eps and pw (output activation and residual; no prologue).
 // Backward: x and dy in registers, dx (out; null: none) and dsum (null: none) in one launch (then

@@ -352,7 +352,8 @@ struct SmallBwdTag {};
 // -> 13.5 / 23.4, 2x1280x1x1 fp16 3.7 / 6.0 -> 2.9 / 5.2.
 template <typename F>
 cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& a, F&& f) {
-  static_assert(kSmallMaxVecs / 32 == 8, "K dispatch below covers 1..8 vectors per lane");
+  static_assert(kSmallMaxVecs / 32 == 8 && kSmallCtaFwdMaxK == 16,
+                "K dispatch below covers 1..8 vectors per lane, and 16 for a CTA's forward");
   const bool cta = g.lanes_log2 == kSmallCtaLog2;
   if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > g.kreg || g.kreg > (cta ? 16 : kSmallMaxVecs / 32) ||
       g.lanes_log2 < 0 || (g.lanes_log2 > 5 && !cta) || (cta && g.kreg < 2) || g.smem > kSmallMaxSmem)
