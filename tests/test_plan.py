@@ -419,7 +419,7 @@ def test_input_bias_rule():
 
 @needs_planner
 def test_small_group_cta_forward_holds_64kb_groups():
-    """A CTA per group holds up to 16 vectors per thread in the forward (groups of 16-64 KB: ResNet-GN's 28x28 and
+    """A CTA per group holds up to 16 vectors per thread in the forward (groups of 32-64 KB: ResNet-GN's 28x28 and
     56x56 maps), 8 in the backward (x and dy) and in the 2-byte GELU forward, on both GPUs; groups over 64 KB or fewer
     groups than SMs take the other kernels (docs/decisions/small-groups.md)."""
     for dev in ("h100", "h200"):

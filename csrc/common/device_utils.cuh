@@ -68,12 +68,18 @@ __device__ __forceinline__ void stg_raw(uint2* p, const uint2& v) {
 __device__ __forceinline__ void stg_raw(unsigned int* p, const unsigned int& v) { *p = v; }
 __device__ __forceinline__ void stg_raw(unsigned short* p, const unsigned short& v) { *p = v; }
 
+// The V elements of a raw vector as float (a vector loaded earlier and held raw).
 template <typename T, int V>
-__device__ __forceinline__ void load_vec(const T* p, float* out) {
+__device__ __forceinline__ void unpack_vec(const typename Pack<T, V>::Raw& raw, float* out) {
   Pack<T, V> pk;
-  pk.raw = ldg_raw(reinterpret_cast<const typename Pack<T, V>::Raw*>(p));
+  pk.raw = raw;
 #pragma unroll
   for (int j = 0; j < V; ++j) out[j] = to_float(pk.v[j]);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void load_vec(const T* p, float* out) {
+  unpack_vec<T, V>(ldg_raw(reinterpret_cast<const typename Pack<T, V>::Raw*>(p)), out);
 }
 
 template <typename T, int V>

@@ -73,10 +73,7 @@ __global__ void __launch_bounds__(kSmallThreads)
   Raw xr[kRaw ? K : 1];
   auto vec = [&](int i, float (&f)[V]) {
     if constexpr (kRaw) {
-      Pack<T, V> pk;
-      pk.raw = xr[i];
-#pragma unroll
-      for (int e = 0; e < V; ++e) f[e] = to_float(pk.v[e]);
+      unpack_vec<T, V>(xr[i], f);
     } else {
 #pragma unroll
       for (int e = 0; e < V; ++e) f[e] = xv[i][e];
@@ -199,12 +196,6 @@ __global__ void __launch_bounds__(kSmallThreads)
       dr[i] = ldg_raw(reinterpret_cast<const Raw*>(dg + v * V));
     }
   }
-  auto unpack = [](const Raw& r, float* f) {
-    Pack<T, V> pk;
-    pk.raw = r;
-#pragma unroll
-    for (int e = 0; e < V; ++e) f[e] = to_float(pk.v[e]);
-  };
   // Channel c's (rstd * gamma[c], beta[c]): the output activation's input is sg * (x - mean) + sb. Loaded once
   // per vector where a vector lies in one channel (a load per element made the backward with an activation
   // up to 2x slower than without).
@@ -226,8 +217,8 @@ __global__ void __launch_bounds__(kSmallThreads)
     const uint32_t v = sl + i * lanes;
     if (i >= k || !active || v >= nvec) continue;
     float xv[V], dv[V];
-    unpack(xr[i], xv);
-    unpack(dr[i], dv);
+    unpack_vec<T, V>(xr[i], xv);
+    unpack_vec<T, V>(dr[i], dv);
     if (pc.mode == SmallPieces::kVector) {  // the vector lies in one channel
       const float2 kc = A != kActIdentity ? chan(c0 + hw.div(v * V)) : float2{};
       float2 s = make_float2(0.f, 0.f);
@@ -319,12 +310,12 @@ __global__ void __launch_bounds__(kSmallThreads)
     const uint32_t v = sl + i * lanes;
     if (i >= k || v >= nvec) continue;
     float xv[V], dv[V];
-    unpack(xr[i], xv);
+    unpack_vec<T, V>(xr[i], xv);
     if constexpr (kKeep) {
 #pragma unroll
       for (int e = 0; e < V; ++e) dv[e] = dp[i][e];
     } else {
-      unpack(dr[i], dv);
+      unpack_vec<T, V>(dr[i], dv);
     }
     const uint32_t cf = hw.div(v * V), cl = hw.div(v * V + V - 1);
     if (cf == cl) {
@@ -355,7 +346,7 @@ cudaError_t with_small(ScalarKind t, const SmallGeometry& g, const OnePassArgs& 
   static_assert(kSmallMaxVecs / 32 == 8 && kSmallCtaFwdMaxK == 16,
                 "K dispatch below covers 1..8 vectors per lane, and 16 for a CTA's forward");
   const bool cta = g.lanes_log2 == kSmallCtaLog2;
-  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > g.kreg || g.kreg > (cta ? 16 : kSmallMaxVecs / 32) ||
+  if (pw_pre(a.pw.mode) != kPreNone || g.k < 1 || g.k > g.kreg || g.kreg > (cta ? kSmallCtaFwdMaxK : kSmallMaxVecs / 32) ||
       g.lanes_log2 < 0 || (g.lanes_log2 > 5 && !cta) || (cta && g.kreg < 2) || g.smem > kSmallMaxSmem)
     return cudaErrorInvalidValue;
   return with_scalar(t, [&](auto tt) -> cudaError_t {
