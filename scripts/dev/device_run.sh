@@ -58,7 +58,9 @@ if has test; then
   t0=$SECONDS
   nproc_args=()
   [ "${PYTEST_N:-8}" != 0 ] && python3 -c "import xdist" 2> /dev/null && nproc_args=(-n "${PYTEST_N:-8}")
-  timeout $(( $(left) - 20 )) python3 -m pytest -q --maxfail=5 -p no:cacheprovider "${nproc_args[@]}" tests > "$OUT/pytest.log" 2>&1
+  # SIGINT at the limit: pytest then still prints its summary (failures, counts) and the slowest tests.
+  timeout -s INT -k 20 $(( $(left) - 40 )) python3 -m pytest -q --maxfail=5 --durations=30 -p no:cacheprovider \
+    "${nproc_args[@]}" tests > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 fi
