@@ -16,6 +16,11 @@ order), where ``act`` is SiLU, GELU (erf or tanh), ReLU, tanh or hardswish calle
 an inlined module or a tensor method, and each intermediate has no other user. The rule of
 ``when="auto"`` (where gnext is the faster choice) is in :func:`_fusable`.
 
+Where the activation's output (through dropouts that do nothing) goes only into ``F.pad`` (replicate or constant,
+non-negative sizes: a video VAE's causal convolution) and x is a contiguous 3-D or 5-D tensor, the chain becomes
+``gnext::group_norm_act_pad``, which writes the padded tensor itself: no unpadded intermediate, and no padding pass
+over it (:func:`_take_pad` says why not 4-D).
+
 Where ``x`` is a convolution's output (``conv1d``/``conv2d``/``conv3d`` with a bias) that only the GroupNorm
 reads, the convolution runs without its bias and the op adds it as it reads (``input_bias``): Inductor runs a
 convolution's bias as a pointwise pass that it fuses into the consumers, and gnext's op is not one it can fuse
@@ -48,6 +53,8 @@ _GROUP_NORM = (F.group_norm, torch.group_norm)
 _GN_SIG = inspect.signature(F.group_norm)  # (input, num_groups, weight=None, bias=None, eps=1e-05)
 _ADDS = (operator.add, torch.add)
 _CONVS = (torch.conv1d, torch.conv2d, torch.conv3d, F.conv1d, F.conv2d, F.conv3d)
+_PADS = (F.pad, torch._C._nn.pad)
+_DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 # Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m,
@@ -55,8 +62,10 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # Inductor (each reason is logged once as a warning)}.
 # A graph that Inductor takes from its caches (FX graph, AOTAutograd) is not passed through the pass
 # again, so its rewrites are not counted: count with the caches off (config force_disable_caches).
-# "no_autograd": gnext calls of post-grad graphs retargeted to the op's twin without an Autograd kernel.
-compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 0}
+# "no_autograd": gnext calls of post-grad graphs retargeted to the op's twin without an Autograd kernel. "pad": chains
+# (counted in "group_norm_act" too) that write their F.pad's padded output.
+compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 0,
+                              "pad": 0}
 
 
 def _activation(node: torch.fx.Node) -> Optional[str]:
@@ -161,6 +170,58 @@ def _take_conv_bias(x, xm: torch.Tensor):
     return b
 
 
+def _identity_dropout(node: torch.fx.Node) -> bool:
+    """A dropout call that returns its input: training False or p = 0 (F.dropout(input, p, training, inplace),
+    torch.dropout(input, p, train))."""
+    if node.op != "call_function" or node.target not in _DROPOUTS:
+        return False
+    names = ("input", "p", "train" if node.target is torch.dropout else "training")
+    bound = {**dict(zip(names, node.args)), **node.kwargs}
+    p, training = bound.get("p", 0.5), bound.get(names[2], True)
+    return training is False or (type(p) in (int, float) and p == 0)
+
+
+def _take_pad(act_node: torch.fx.Node, xm: torch.Tensor):
+    """Where x is a contiguous 3-D or 5-D tensor and the activation's output, through dropouts that return their
+    input, goes only into one F.pad of static non-negative sizes over x's spatial dims, mode 'replicate' or
+    'constant': (the nodes after the activation, the pad last; pad, mode, value), which group_norm_act_pad computes
+    in one op. Else None. Not 4-D: Inductor runs 2-D convolutions channels_last (its layout optimization) and would
+    copy the op's NCHW output for them; it keeps 1-D and 3-D convolutions in their input's layout. Not channels_last:
+    the op's padded pass reads NCHW rows (it would copy x)."""
+    if xm.dim() == 4 or not xm.is_contiguous():
+        return None
+    nodes, source = [], act_node
+    while len(source.users) == 1:
+        node = next(iter(source.users))
+        if node.op != "call_function" or not node.args or node.args[0] is not source \
+                or any(a is source for a in node.args[1:]) or any(v is source for v in node.kwargs.values()):
+            return None
+        nodes.append(node)
+        if node.target in _PADS:
+            break
+        if not _identity_dropout(node):
+            return None
+        source = node
+    else:
+        return None
+    args = node.args
+    pad = args[1] if len(args) > 1 else node.kwargs.get("pad")
+    mode = args[2] if len(args) > 2 else node.kwargs.get("mode", "constant")
+    value = args[3] if len(args) > 3 else node.kwargs.get("value")
+    if not isinstance(pad, (tuple, list)) or not pad or len(pad) % 2 or len(pad) > 2 * (xm.dim() - 2) \
+            or not all(type(v) is int and 0 <= v < 2 ** 20 for v in pad):
+        return None
+    if mode not in ("replicate", "constant") or not (value is None or isinstance(value, (int, float))):
+        return None
+    if mode == "replicate" and (value not in (None, 0) or any(
+            type(n) is int and n == 0 for n in xm.shape[xm.dim() - len(pad) // 2:])):
+        return None
+    pm = _meta(node)
+    if pm is None or pm.dtype != xm.dtype or pm.device != xm.device:
+        return None
+    return nodes, list(pad), mode, float(value or 0.0)
+
+
 _warned: set = set()
 
 
@@ -212,17 +273,27 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
                 if (other is not act_node and om is not None and am is not None and om.shape == xm.shape
                         and om.dtype == xm.dtype and om.device == xm.device and am.dtype == xm.dtype):
                     last, residual = add, other
+        padded = _take_pad(act_node, xm) if residual is None else None
         input_bias = _take_conv_bias(x, xm)
+        if padded is not None:
+            after, pad, mode, value = padded
+            last = after[-1]
+            op, op_args = torch.ops.gnext.group_norm_act_pad.default, \
+                (x, groups, weight, bias, float(eps), act, pad, mode, value, input_bias)
+        else:
+            after = [last] if residual is not None else []
+            op, op_args = torch.ops.gnext.group_norm_act.default, \
+                (x, groups, weight, bias, float(eps), act, residual, input_bias)
         with graph.inserting_before(last):
-            fused = graph.call_function(torch.ops.gnext.group_norm_act.default,
-                                        (x, groups, weight, bias, float(eps), act, residual, input_bias))
+            fused = graph.call_function(op, op_args)
             out = graph.call_function(operator.getitem, (fused, 0))
         out.meta.update(last.meta)
         last.replace_all_uses_with(out)
-        for n in (last, act_node, gn) if residual is not None else (act_node, gn):
+        for n in (*reversed(after), act_node, gn):
             graph.erase_node(n)
         count += 1
         compile_fusion_stats["group_norm_act"] += 1
+        compile_fusion_stats["pad"] += padded is not None
         compile_fusion_stats["residual"] += residual is not None
         compile_fusion_stats["input_bias"] += input_bias is not None
     if left:

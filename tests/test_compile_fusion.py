@@ -73,7 +73,7 @@ def test_fires_and_matches_eager_training(device, act, fusion):
     g = torch.autograd.grad((out * out).sum(), [x, *model.parameters()])
     # no_autograd: the forward graph's 2 group_norm_act (the backward graph calls the backward op's twin already:
     # _autograd._call_backward, traced with grad mode off)
-    assert fusion() == {"group_norm_act": 2, "residual": 1, "input_bias": 1, "left": 0, "no_autograd": 2}
+    assert fusion() == {"group_norm_act": 2, "residual": 1, "input_bias": 1, "left": 0, "no_autograd": 2, "pad": 0}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
@@ -108,7 +108,8 @@ def test_5d_video_block(device, fusion):
         comp = torch.compile(model, fullgraph=True)
         out = comp(x)
         g = torch.autograd.grad(out.square().sum(), [x, *model.parameters()])
-    assert fusion()["group_norm_act"] == 2 and fusion()["input_bias"] == 1  # conv1's bias: norm2's input_bias
+    # conv1's bias: norm2's input_bias; both chains write their convolution's replicate-padded input
+    assert fusion()["group_norm_act"] == 2 and fusion()["input_bias"] == 1 and fusion()["pad"] == 2
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
@@ -247,13 +248,66 @@ def test_conv_bias_taken_into_the_op():
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
     stats = {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
-    assert stats == {"group_norm_act": 6, "residual": 1, "input_bias": 4, "left": 0, "no_autograd": 0}  # no Inductor
+    assert stats == {"group_norm_act": 6, "residual": 1, "input_bias": 4, "left": 0, "no_autograd": 0,
+                     "pad": 0}  # no Inductor
     (graph,) = graphs
     ops = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act.default]
     assert sum(n.args[7] is not None for n in ops) == 4
     convs = [n for n in graph.nodes if n.target in compile_fusion._CONVS]
     with_bias = [n for n in convs if (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")) is not None]
     assert len(convs) == 6 and len(with_bias) == 1  # the conv whose output has two users
+
+
+def test_padded_outputs():
+    """GroupNorm -> activation (-> dropouts that return their input) -> F.pad, replicate or constant with sizes >= 0
+    over spatial dims, of a contiguous 3-D or 5-D input, becomes one group_norm_act_pad (the causal convolutions of
+    video VAEs); the other pads (4-D or channels_last inputs, a crop, the channel dim, after a dropout that drops)
+    stay after group_norm_act. Same values as eager."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n, self.c = nn.GroupNorm(4, 8), nn.Conv3d(8, 8, 3)
+
+        def forward(self, x, y):
+            a = self.c(F.pad(F.silu(self.n(x)), (1, 1, 1, 1, 2, 0), mode="replicate"))  # causal conv: padded
+            b = F.pad(F.dropout(F.gelu(self.n(x)), 0.1, False), (2, 1), value=0.5)       # eval dropout: padded
+            c = F.pad(F.silu(self.n(y)), (1, 1, 0, 3))                                   # 4-D: not padded
+            d = F.pad(F.silu(self.n(y)), (-1, 1))                                        # a crop: not padded
+            e = F.pad(F.silu(self.n(y)), (1, 1, 1, 1, 1, 1))                             # pads C: not padded
+            f = F.pad(F.dropout(F.silu(self.n(y)), 0.5, True), (1, 1))                   # drops: not padded
+            g = F.pad(F.silu(self.n(x.to(memory_format=torch.channels_last_3d))), (1, 1))  # NDHWC: not padded
+            return a, b, c, d, e, f, g
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        compile_fusion._rewrite(gm.graph, "always")
+        gm.recompile()
+        graphs.append(gm.graph)
+        return gm.forward
+
+    m = perturb_params(M())
+    x, y = rand_input((1, 8, 4, 5, 6), torch.float32, "cpu"), rand_input((2, 8, 5, 7), torch.float32, "cpu")
+    before = dict(compile_fusion.compile_fusion_stats)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            out = torch.compile(m, backend=backend, fullgraph=True)(x, y)
+            ref = m(x, y)
+    finally:
+        torch._dynamo.reset()
+    for o, r in zip(out[:5] + out[6:], ref[:5] + ref[6:]):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+    assert out[5].shape == ref[5].shape
+    stats = {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
+    assert stats["group_norm_act"] == 7 and stats["pad"] == 2, stats
+    (graph,) = graphs
+    padded = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act_pad.default]
+    assert [(n.args[6], n.args[7], n.args[8]) for n in padded] == \
+        [([1, 1, 1, 1, 2, 0], "replicate", 0.0), ([2, 1], "constant", 0.5)]
+    assert sum(n.target in compile_fusion._PADS for n in graph.nodes) == 5
+    assert sum(n.target in compile_fusion._DROPOUTS for n in graph.nodes) == 1
 
 
 def test_chains_left_alone(fusion):
@@ -276,7 +330,7 @@ def test_chains_left_alone(fusion):
     m = perturb_params(M())
     x, b = rand_input((2, 16, 5, 5), torch.float32, "cpu"), torch.randn(16, 1, 1)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, b), m(x, b), rtol=1e-4, atol=1e-4)
-    assert fusion() == {"group_norm_act": 1, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 1}
+    assert fusion() == {"group_norm_act": 1, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 1, "pad": 0}
 
 
 def test_auto_rule():

@@ -74,10 +74,11 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # Run when named (--variants): the converter without its padded outputs (convert_group_norm_act(pad_into_conv=False)),
 # without its modulated spatial norms (CogVideoX's, back on their own forwards), with every convolution adding
 # its own bias, and with its padded outputs written by the row kernel (GNEXT_PAD_TILE=0); compile + fusion with
-# every convolution keeping its bias (the pass's input_bias move off), and with the compiled graphs calling the ops
-# through their Python Autograd kernels (the post-grad retarget to the *_no_autograd twins off).
+# every convolution keeping its bias (the pass's input_bias move off), with the compiled graphs calling the ops
+# through their Python Autograd kernels (the post-grad retarget to the *_no_autograd twins off), and with every F.pad
+# after a rewritten chain left to Inductor (the pass's group_norm_act_pad off).
 EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
-                  "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd")
+                  "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd", "compile+fusion-nopad")
 
 
 def image(size, n):
@@ -240,9 +241,10 @@ def compile_fusion_variant(model, mode=None, marker="fx_graph_cache"):
 
 
 @contextlib.contextmanager
-def fusion_pass(when, move_bias=True, no_autograd=True):
+def fusion_pass(when, move_bias=True, no_autograd=True, pad=True):
     """enable_compile_fusion(when) for what compiles inside; move_bias=False: with the pass's convolution-bias move
-    (input_bias) off; no_autograd=False: with its post-grad retarget to the ops' twins of no Autograd kernel off."""
+    (input_bias) off; no_autograd=False: with its post-grad retarget to the ops' twins of no Autograd kernel off;
+    pad=False: with its padded outputs (group_norm_act_pad) off."""
     ge.enable_compile_fusion(when=when)
     try:
         with contextlib.ExitStack() as stack:
@@ -250,6 +252,8 @@ def fusion_pass(when, move_bias=True, no_autograd=True):
                 stack.enter_context(mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm: None))
             if not no_autograd:
                 stack.enter_context(mock.patch.object(compile_fusion, "_retarget", lambda graph: 0))
+            if not pad:
+                stack.enter_context(mock.patch.object(compile_fusion, "_take_pad", lambda act_node, xm: None))
             yield
     finally:
         ge.disable_compile_fusion()
@@ -267,7 +271,8 @@ PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("co
          ("gnext", "gnext-nofold"), ("gnext", "gnext-padrows"), ("gnext", "gnext-nostream"),
          ("gnext", "gnext-noblocks"), ("compile+fusion-nobias", "compile"),
          ("compile+fusion", "compile+fusion-nobias"), ("compile+fusion-autograd", "compile"),
-         ("compile+fusion", "compile+fusion-autograd"))
+         ("compile+fusion", "compile+fusion-autograd"), ("compile+fusion-nopad", "compile"),
+         ("compile+fusion", "compile+fusion-nopad"))
 
 
 def paired(times):
@@ -358,23 +363,26 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         progress(f"{row}: {v} first call {t_compile[v]:.1f} s")
     info["fusion_rewrites"] = None
     # The fusion variants under options of their own (each a backend Dynamo tells apart from the others');
-    # -nobias with the pass's convolution-bias move off, -autograd with its post-grad retarget off.
+    # -nobias with the pass's convolution-bias move off, -autograd with its post-grad retarget off, -nopad with its
+    # padded outputs off.
     for v, marker in (("compile+fusion", "fx_graph_cache"), ("compile+fusion-nobias", "fx_graph_remote_cache"),
-                      ("compile+fusion-autograd", "autotune_local_cache")):
+                      ("compile+fusion-autograd", "autotune_local_cache"),
+                      ("compile+fusion-nopad", "autotune_remote_cache")):
         if v not in variants:
             continue
         before = dict(compile_fusion.compile_fusion_stats)
-        with fusion_pass(when, move_bias=not v.endswith("-nobias"), no_autograd=not v.endswith("-autograd")):
+        with fusion_pass(when, move_bias=not v.endswith("-nobias"), no_autograd=not v.endswith("-autograd"),
+                         pad=not v.endswith("-nopad")):
             fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
             t0 = time.perf_counter()
             with no_caches():
                 outs[v] = fns[v]()
                 fns[v]()  # a second call under the pass: recompiles (if any) get it too
             progress(f"{row}: {v} first calls {time.perf_counter() - t0:.1f} s")
-        key = "fusion_rewrites" + v.removeprefix("compile+fusion").replace("-", "_")  # "", "_nobias", "_autograd"
+        key = "fusion_rewrites" + v.removeprefix("compile+fusion").replace("-", "_")  # "", "_nobias", "_autograd", ...
         info[key] = compile_fusion.compile_fusion_stats["group_norm_act"] - before["group_norm_act"]
         if v == "compile+fusion":
-            for k in ("input_bias", "no_autograd"):
+            for k in ("input_bias", "no_autograd", "pad"):
                 info[f"fusion_{k}"] = compile_fusion.compile_fusion_stats[k] - before[k]
 
     def timed(v, n):
@@ -430,7 +438,8 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "gnext-nostream": "gnext eager, no biases carried down the residual stream ms (x)",
           "gnext-noblocks": "gnext eager, HunyuanVideo blocks on their own forwards ms (x)",
           "compile+fusion-nobias": "compile + fusion, convolutions keep their bias ms (x)",
-          "compile+fusion-autograd": "compile + fusion, ops through their Python Autograd kernels ms (x)"}
+          "compile+fusion-autograd": "compile + fusion, ops through their Python Autograd kernels ms (x)",
+          "compile+fusion-nopad": "compile + fusion, pads left to Inductor ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
@@ -567,7 +576,7 @@ def main():
     for row in args.rows.split(","):
         variants = tuple(v for v in VARIANTS + EXTRA_VARIANTS if v in args.variants.split(","))
         res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode, variants)
-        keys = ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias", "fusion_no_autograd")
+        keys = ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias", "fusion_no_autograd", "fusion_pad")
         print(json.dumps({k: res[k] for k in keys if k in res}), flush=True)
         rows.append(res)
         write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one
