@@ -204,6 +204,29 @@ def test_post_grad_graphs_call_the_twins(fusion):
     torch.testing.assert_close(y, ref.detach(), rtol=1e-4, atol=1e-4)
 
 
+def _rewritten(model, *args):
+    """The model's outputs under torch.compile with a backend that runs only the pre-grad pass (when='always', no
+    Inductor), its eager outputs, the pass's counts and the rewritten graph; under no_grad."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        compile_fusion._rewrite(gm.graph, "always")
+        gm.recompile()
+        graphs.append(gm.graph)
+        return gm.forward
+
+    before = dict(compile_fusion.compile_fusion_stats)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            out = torch.compile(model, backend=backend, fullgraph=True)(*args)
+            ref = model(*args)
+    finally:
+        torch._dynamo.reset()
+    (graph,) = graphs
+    return out, ref, {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}, graph
+
+
 def test_conv_bias_taken_into_the_op():
     """A convolution whose output only the GroupNorm reads runs without its bias, which the op adds as it reads
     (input_bias): positional and keyword biases, 1-D to 3-D. Left in the convolution: an output with another
@@ -226,31 +249,13 @@ def test_conv_bias_taken_into_the_op():
             f = F.silu(self.n(self.c3(x3)))                                    # 3-D: moved
             return a, b, c, d, e, f
 
-    graphs = []
-
-    def backend(gm, example_inputs):
-        compile_fusion._rewrite(gm.graph, "always")
-        gm.recompile()
-        graphs.append(gm.graph)
-        return gm.forward
-
-    m = perturb_params(M())
     args = (rand_input((2, 8, 6, 5), torch.float32, "cpu"), rand_input((2, 8, 7), torch.float32, "cpu"),
             rand_input((1, 8, 3, 4, 5), torch.float32, "cpu"))
-    before = dict(compile_fusion.compile_fusion_stats)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            out = torch.compile(m, backend=backend, fullgraph=True)(*args)
-            ref = m(*args)
-    finally:
-        torch._dynamo.reset()
+    out, ref, stats, graph = _rewritten(perturb_params(M()), *args)
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
-    stats = {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
     assert stats == {"group_norm_act": 6, "residual": 1, "input_bias": 4, "left": 0, "no_autograd": 0,
                      "pad": 0}  # no Inductor
-    (graph,) = graphs
     ops = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act.default]
     assert sum(n.args[7] is not None for n in ops) == 4
     convs = [n for n in graph.nodes if n.target in compile_fusion._CONVS]
@@ -279,30 +284,12 @@ def test_padded_outputs():
             g = F.pad(F.silu(self.n(x.to(memory_format=torch.channels_last_3d))), (1, 1))  # NDHWC: not padded
             return a, b, c, d, e, f, g
 
-    graphs = []
-
-    def backend(gm, example_inputs):
-        compile_fusion._rewrite(gm.graph, "always")
-        gm.recompile()
-        graphs.append(gm.graph)
-        return gm.forward
-
-    m = perturb_params(M())
     x, y = rand_input((1, 8, 4, 5, 6), torch.float32, "cpu"), rand_input((2, 8, 5, 7), torch.float32, "cpu")
-    before = dict(compile_fusion.compile_fusion_stats)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            out = torch.compile(m, backend=backend, fullgraph=True)(x, y)
-            ref = m(x, y)
-    finally:
-        torch._dynamo.reset()
+    out, ref, stats, graph = _rewritten(perturb_params(M()), x, y)
     for o, r in zip(out[:5] + out[6:], ref[:5] + ref[6:]):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
     assert out[5].shape == ref[5].shape
-    stats = {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
     assert stats["group_norm_act"] == 7 and stats["pad"] == 2, stats
-    (graph,) = graphs
     padded = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act_pad.default]
     assert [(n.args[6], n.args[7], n.args[8]) for n in padded] == \
         [([1, 1, 1, 1, 2, 0], "replicate", 0.0), ([2, 1], "constant", 0.5)]
