@@ -178,7 +178,7 @@ def _identity_dropout(node: torch.fx.Node) -> bool:
     names = ("input", "p", "train" if node.target is torch.dropout else "training")
     bound = {**dict(zip(names, node.args)), **node.kwargs}
     p, training = bound.get("p", 0.5), bound.get(names[2], True)
-    return training is False or (type(p) in (int, float) and p == 0)
+    return training is False or (type(p) in (int, float) and bool(p == 0))
 
 
 def _take_pad(act_node: torch.fx.Node, xm: torch.Tensor):
@@ -275,6 +275,7 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
                     last, residual = add, other
         padded = _take_pad(act_node, xm) if residual is None else None
         input_bias = _take_conv_bias(x, xm)
+        op_args: tuple
         if padded is not None:
             after, pad, mode, value = padded
             last = after[-1]
