@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from . import _registry  # noqa: F401  (torch.ops.gnext.*)
 from ._autograd import no_autograd as _no_autograd
+from .ops.group_norm_act_pad import MODES as PAD_MODES, check_pad_args
 
 __all__ = ["enable_compile_fusion", "disable_compile_fusion", "compile_fusion_stats"]
 
@@ -208,13 +209,13 @@ def _take_pad(act_node: torch.fx.Node, xm: torch.Tensor):
     pad = args[1] if len(args) > 1 else node.kwargs.get("pad")
     mode = args[2] if len(args) > 2 else node.kwargs.get("mode", "constant")
     value = args[3] if len(args) > 3 else node.kwargs.get("value")
-    if not isinstance(pad, (tuple, list)) or not pad or len(pad) % 2 or len(pad) > 2 * (xm.dim() - 2) \
-            or not all(type(v) is int and 0 <= v < 2 ** 20 for v in pad):
+    if not isinstance(pad, (tuple, list)) or not all(type(v) is int for v in pad) or mode not in PAD_MODES \
+            or not (value is None or isinstance(value, (int, float))) \
+            or (mode == "replicate" and value not in (None, 0)):
         return None
-    if mode not in ("replicate", "constant") or not (value is None or isinstance(value, (int, float))):
-        return None
-    if mode == "replicate" and (value not in (None, 0) or any(
-            type(n) is int and n == 0 for n in xm.shape[xm.dim() - len(pad) // 2:])):
+    try:  # the op's own checks of pad against x: pairs over spatial dims, sizes, replicated dims non-empty
+        check_pad_args("gnext.group_norm_act_pad", xm, pad, mode)
+    except RuntimeError:
         return None
     pm = _meta(node)
     if pm is None or pm.dtype != xm.dtype or pm.device != xm.device:
