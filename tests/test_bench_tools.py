@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 import real_models  # noqa: E402
+import sweep  # noqa: E402
 
 
 def _run(path, date, timing, names):
@@ -89,3 +90,15 @@ def test_ncu_stalls_attributes_samples_to_instructions(tmp_path, capsys):
     bad.write_text('"Address","Source"\n"0x0","NOP"\n')
     with pytest.raises(SystemExit, match=r"Warp Stall Sampling \(All Samples\)"):
         ncu_stalls.main([str(bad)])
+
+
+def test_sweep_ratio_is_the_median_of_per_round_ratios():
+    """Round 2 stalled gnext alone and round 3 both: the ratio of the medians (20 / 30) reads gnext slower, the
+    median of the per-round ratios (19/12, 20/30, 40/31) does not. Rows of older sweeps (no per-round times) keep
+    the ratio of the medians."""
+    row = {"gnext fwd": 30.0, "eager fwd": 20.0, "gnext fwd rounds": [12.0, 30.0, 31.0],
+           "eager fwd rounds": [19.0, 20.0, 40.0]}
+    assert sweep.ratio(row, "eager fwd", "gnext fwd") == pytest.approx(40.0 / 31.0)
+    assert sweep.ratio({"gnext f+b": 0.25, "eager f+b": 0.20}, "eager f+b", "gnext f+b") == pytest.approx(0.8)
+    uneven = dict(row, **{"eager fwd rounds": [19.0, 20.0]})  # a peer that failed in a later round
+    assert sweep.ratio(uneven, "eager fwd", "gnext fwd") == pytest.approx(20.0 / 30.0)

@@ -10,8 +10,9 @@ them). The worst gnext ratio is printed last.
     python scripts/bench sweep --smoke      (CPU, 3 small shapes: checks the script)
 
 Timing: timing.Timer (CUDA events, L2 flushed before each call, median), every variant of a shape once per
-round in a random order, median over --rounds rounds (default 3). Ratios are peer time / gnext
-time (> 1: gnext faster). Shapes (N, C, spatial..., G) come from: SD-1.5 and SDXL UNets at their latent
+round in a random order, median over --rounds rounds (default 5). Ratios are peer time / gnext
+time (> 1: gnext faster), taken per round and their median reported: a round where the host stalls moves
+every variant timed in it, and one such round in a few shifts a ratio of medians (host-bound rows). Shapes (N, C, spatial..., G) come from: SD-1.5 and SDXL UNets at their latent
 sizes (batch 2 for classifier-free guidance), the SD / SDXL VAE decoders, ResNet-50-GN at batch 32,
 video UNets (5-D), audio/sequence models (3-D), a DiT-style wide C with 4x4 pixels, N from 1 to 64, and
 odd C/G."""
@@ -89,7 +90,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shard", default="0/1", help="i/n: the i-th of n interleaved slices of the sweep")
     p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape (random order each)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per shape (random order each)")
     p.add_argument("--act", action="store_true", help="also GroupNorm+SiLU forward vs eager, compile and the peers")
     p.add_argument("--out", default=str(ROOT / "bench_out"))
     p.add_argument("--smoke", action="store_true", help="CPU, 3 small shapes")
@@ -153,9 +154,9 @@ def main():
 
 
 def time_interleaved(timer, fns, rounds, rng, tolerant=()):
-    """{key: median ms} of every fn, timed in `rounds` rounds that each time every fn once (timer's
-    median of CUDA-event-timed calls) in a fresh random order, so that a slow phase of the shared host
-    hits all variants alike. A `tolerant` fn that raises (a peer rejecting the input) gets None and
+    """{key: median ms} of every fn, and {'<key> rounds': [ms per round]}, timed in `rounds` rounds that each time
+    every fn once (timer's median of CUDA-event-timed calls) in a fresh random order, so that a slow phase of the
+    shared host hits all variants alike. A `tolerant` fn that raises (a peer rejecting the input) gets None and
     '<key> error'; any other error propagates."""
     times, out = {k: [] for k in fns}, {}
     for _ in range(rounds):
@@ -171,8 +172,20 @@ def time_interleaved(timer, fns, rounds, rng, tolerant=()):
                     raise
                 out[f"{k} error"] = f"{type(e).__name__}: {str(e)[:120]}"
     for k, v in times.items():
-        out[k] = statistics.median(v) if v and f"{k} error" not in out else None
+        ok = v and f"{k} error" not in out
+        out[k] = statistics.median(v) if ok else None
+        if ok:
+            out[f"{k} rounds"] = v
     return out
+
+
+def ratio(row, other, mine):
+    """other's time over mine: the median of the per-round ratios where the row has both rounds' times (the
+    rounds interleave the variants), else (results of an older sweep) the ratio of the medians."""
+    a, b = row.get(f"{other} rounds"), row.get(f"{mine} rounds")
+    if a and b and len(a) == len(b):
+        return statistics.median(x / y for x, y in zip(a, b))
+    return row[other] / row[mine]
 
 
 def report(rows, meta, act, out, tag, quiet=False):
@@ -181,12 +194,11 @@ def report(rows, meta, act, out, tag, quiet=False):
     cols = [c for c in ("eager", "compile") if f"{c} fwd" in rows[0]]
     for r in rows:
         for c in cols:
-            r[f"x {c} fwd"] = r[f"{c} fwd"] / r["gnext fwd"]
-            r[f"x {c} f+b"] = r[f"{c} f+b"] / r["gnext f+b"]
+            r[f"x {c} fwd"] = ratio(r, f"{c} fwd", "gnext fwd")
+            r[f"x {c} f+b"] = ratio(r, f"{c} f+b", "gnext f+b")
         if act:  # the peers' GN+SiLU times: keys '<peer> act fwd', not gnext's and not a ratio
-            best = min(v for k, v in r.items()
-                       if k.endswith(" act fwd") and not k.startswith(("gnext", "x ")) and v)
-            r["x best act fwd"] = best / r["gnext act fwd"]
+            peers = [k for k, v in r.items() if k.endswith(" act fwd") and not k.startswith(("gnext", "x ")) and v]
+            r["x best act fwd"] = min(ratio(r, k, "gnext act fwd") for k in peers)
     head = "| case | MB | gnext fwd | " + " | ".join(f"x {c} fwd" for c in cols) + " | gnext f+b | " + \
         " | ".join(f"x {c} f+b" for c in cols) + (" | GN+SiLU gnext fwd | x best peer |" if act else " |")
     lines = [f"{meta['device']} · torch {meta['torch']} · {meta['date']} · shard {meta['shard']} · {meta['timing']}",
@@ -211,7 +223,8 @@ def report(rows, meta, act, out, tag, quiet=False):
         losses = sum(r["x best act fwd"] < 1.0 for r in rows)
         summary.append(f"GN+SiLU fwd vs the best of eager/compile/peers: {losses} of {len(rows)} shapes slower, "
                        f"worst {worst['x best act fwd']:.2f}x ({worst['case']})")
-    lines += ["", "Ratios: other time / gnext time (> 1: gnext faster); times in ms."] + [f"- {s}" for s in summary]
+    lines += ["", "Ratios: other time / gnext time (> 1: gnext faster), the median of the per-round ratios; times in "
+              "ms, medians over rounds."] + [f"- {s}" for s in summary]
     save_results(out, tag, meta, rows, "\n".join(lines) + "\n", quiet=quiet)
     if not quiet:  # the plot once, with the final table (not after every shape)
         plot(rows, cols, act, meta, pathlib.Path(out) / f"{tag}.png")
