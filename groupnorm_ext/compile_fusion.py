@@ -64,9 +64,11 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # A graph that Inductor takes from its caches (FX graph, AOTAutograd) is not passed through the pass
 # again, so its rewrites are not counted: count with the caches off (config force_disable_caches).
 # "no_autograd": gnext calls of post-grad graphs retargeted to the op's twin without an Autograd kernel. "pad": chains
-# (counted in "group_norm_act" too) that write their F.pad's padded output.
+# (counted in "group_norm_act" too) that write their F.pad's padded output. "unmatched": GroupNorm calls that start no
+# chain the pass fuses (followed by something other than an activation, or read twice); where a graph has such calls
+# and nothing rewritten or left by the rule, each reason is logged once as a warning.
 compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 0,
-                              "pad": 0}
+                              "pad": 0, "unmatched": 0}
 
 
 def _activation(node: torch.fx.Node) -> Optional[str]:
@@ -235,30 +237,59 @@ def _report(left: dict) -> None:
                          "Inductor: %s (further graphs left for this reason are not reported)", n, why)
 
 
+def _report_unmatched(unmatched: dict) -> None:
+    """One warning per reason per process: a compiled graph whose GroupNorm calls start no chain the pass fuses."""
+    for why, n in unmatched.items():
+        if why not in _warned:
+            _warned.add(why)
+            _log.warning("gnext enable_compile_fusion: a compiled graph has %d GroupNorm call(s) and none was "
+                         "rewritten: %s; they stay Inductor's (further graphs are not reported)", n, why)
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    """A short name of what node calls (for the warnings)."""
+    if node.op in ("call_method", "call_module"):
+        return str(node.target)
+    return getattr(node.target, "__name__", str(node.target))
+
+
 def _rewrite(graph: torch.fx.Graph, when: str) -> int:
     """Rewrites every matching chain in place; returns how many."""
     count = 0
     left: dict[str, int] = {}  # reason -> chains the rule left to Inductor
+    unmatched: dict[str, int] = {}  # reason -> GroupNorm calls that start no chain
+
+    def no_chain(why: str) -> None:
+        unmatched[why] = unmatched.get(why, 0) + 1
+        compile_fusion_stats["unmatched"] += 1
+
     for gn in list(graph.nodes):
-        if gn.op != "call_function" or gn.target not in _GROUP_NORM or len(gn.users) != 1:
+        if gn.op != "call_function" or gn.target not in _GROUP_NORM:
+            continue
+        if len(gn.users) != 1:
+            no_chain("a GroupNorm output read by more than one node (the activation must be its only reader)")
             continue
         try:
             args = (_GN_SIG.bind(*gn.args[:5], **{k: v for k, v in gn.kwargs.items() if k != "cudnn_enabled"})
                     if gn.target is F.group_norm else _GN_SIG.bind(*gn.args[:5]))
         except TypeError:
+            no_chain("GroupNorm arguments the pass does not read")
             continue
         args.apply_defaults()
         x, groups, weight, bias, eps = (args.arguments[k] for k in ("input", "num_groups", "weight", "bias", "eps"))
         if not isinstance(groups, int) or not isinstance(eps, (int, float)):
+            no_chain("num_groups or eps not a constant of the graph")
             continue
         act_node = next(iter(gn.users))
         act = _activation(act_node)
-        if act is None or act_node.args[0] is not gn or any(a is gn for a in act_node.args[1:]):
-            continue
-        if act_node.op == "call_function" and act_node.target is F.hardswish and len(act_node.args) > 2:
+        if act is None or act_node.args[0] is not gn or any(a is gn for a in act_node.args[1:]) or (
+                act_node.op == "call_function" and act_node.target is F.hardswish and len(act_node.args) > 2):
+            no_chain(f"GroupNorm followed by {_target_name(act_node)}, not an activation the op fuses (SiLU, GELU, "
+                     "ReLU, tanh, hardswish)")
             continue
         xm, wm, bm, om = _meta(x), _meta(weight), _meta(bias), _meta(act_node)
         if xm is None or om is None or (weight is not None and wm is None) or (bias is not None and bm is None):
+            no_chain("no tensor metadata on the chain's nodes")
             continue
         why = _left_because(xm, om, (wm, bm), when)
         if why is not None:
@@ -300,6 +331,8 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
         compile_fusion_stats["input_bias"] += input_bias is not None
     if left:
         _report(left)
+    if unmatched and count == 0 and not left:
+        _report_unmatched(unmatched)
     return count
 
 

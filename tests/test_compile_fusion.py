@@ -73,7 +73,8 @@ def test_fires_and_matches_eager_training(device, act, fusion):
     g = torch.autograd.grad((out * out).sum(), [x, *model.parameters()])
     # no_autograd: the forward graph's 2 group_norm_act (the backward graph calls the backward op's twin already:
     # _autograd._call_backward, traced with grad mode off)
-    assert fusion() == {"group_norm_act": 2, "residual": 1, "input_bias": 1, "left": 0, "no_autograd": 2, "pad": 0}
+    assert fusion() == {"group_norm_act": 2, "residual": 1, "input_bias": 1, "left": 0, "no_autograd": 2, "pad": 0,
+                        "unmatched": 0}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
@@ -255,7 +256,7 @@ def test_conv_bias_taken_into_the_op():
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
     assert stats == {"group_norm_act": 6, "residual": 1, "input_bias": 4, "left": 0, "no_autograd": 0,
-                     "pad": 0}  # no Inductor
+                     "pad": 0, "unmatched": 0}  # no Inductor
     ops = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act.default]
     assert sum(n.args[7] is not None for n in ops) == 4
     convs = [n for n in graph.nodes if n.target in compile_fusion._CONVS]
@@ -317,7 +318,8 @@ def test_chains_left_alone(fusion):
     m = perturb_params(M())
     x, b = rand_input((2, 16, 5, 5), torch.float32, "cpu"), torch.randn(16, 1, 1)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, b), m(x, b), rtol=1e-4, atol=1e-4)
-    assert fusion() == {"group_norm_act": 1, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 1, "pad": 0}
+    assert fusion() == {"group_norm_act": 1, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 1, "pad": 0,
+                        "unmatched": 2}
 
 
 def test_auto_rule():
@@ -371,6 +373,53 @@ def test_chains_left_by_the_rule_are_counted_and_warned_once(caplog):
     assert compile_fusion.compile_fusion_stats["left"] - before == 4  # 2 chains per graph
     warned = [r.getMessage() for r in caplog.records if "left to Inductor" in r.getMessage()]
     assert len(warned) == 1 and "2 GroupNorm->activation chain(s)" in warned[0] and "not a CUDA tensor" in warned[0]
+
+
+def test_graph_with_no_chain_is_counted_and_warned_once(caplog):
+    """A graph whose GroupNorms start no chain the pass fuses (a spatially modulated norm, CogVideoX's
+    GroupNorm(x) * scale + shift -> SiLU; a sigmoid) rewrites nothing: each GroupNorm is counted in
+    compile_fusion_stats['unmatched'] and each reason logged once per process as a warning. A graph that rewrites
+    a chain warns about none of its other GroupNorms."""
+    import logging
+
+    def backend(gm, example_inputs):
+        compile_fusion._rewrite(gm.graph, "always")
+        gm.recompile()
+        return gm.forward
+
+    class Modulated(nn.Module):
+        def __init__(self, fused=False):
+            super().__init__()
+            self.n, self.fused = nn.GroupNorm(4, 16), fused
+
+        def forward(self, x, scale, shift):
+            y = F.silu(self.n(x) * scale + shift) + torch.sigmoid(self.n(x))
+            return y + F.silu(self.n(x)) if self.fused else y
+
+    x, scale, shift = (rand_input((2, 16, 5, 5), torch.float32, "cpu") for _ in range(3))
+    reasons = ("GroupNorm followed by mul, not an activation the op fuses (SiLU, GELU, ReLU, tanh, hardswish)",
+               "GroupNorm followed by sigmoid, not an activation the op fuses (SiLU, GELU, ReLU, tanh, hardswish)")
+    _warned_before = set(compile_fusion._warned)
+    compile_fusion._warned.difference_update(reasons)
+    try:
+        for fused, rewrites, warnings in ((True, 1, 0), (False, 0, 2), (False, 0, 0)):
+            model = perturb_params(Modulated(fused)).eval()
+            before = dict(compile_fusion.compile_fusion_stats)
+            caplog.clear()
+            torch._dynamo.reset()
+            with caplog.at_level(logging.WARNING, logger="groupnorm_ext"), torch.no_grad():
+                out = torch.compile(model, backend=backend, fullgraph=True)(x, scale, shift)
+                torch.testing.assert_close(out, model(x, scale, shift), rtol=1e-5, atol=1e-5)
+            stats = {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
+            assert stats["group_norm_act"] == rewrites and stats["unmatched"] == 2
+            warned = [r.getMessage() for r in caplog.records if "none was rewritten" in r.getMessage()]
+            assert len(warned) == warnings, warned  # the third graph: reported already
+            for w, why in zip(sorted(warned), reasons):
+                assert "1 GroupNorm call(s)" in w and why in w
+    finally:
+        torch._dynamo.reset()
+        compile_fusion._warned.clear()
+        compile_fusion._warned.update(_warned_before)
 
 
 def test_enable_disable_keeps_a_previous_pass():

@@ -382,7 +382,7 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         key = "fusion_rewrites" + v.removeprefix("compile+fusion").replace("-", "_")  # "", "_nobias", "_autograd", ...
         info[key] = compile_fusion.compile_fusion_stats["group_norm_act"] - before["group_norm_act"]
         if v == "compile+fusion":
-            for k in ("input_bias", "no_autograd", "pad"):
+            for k in ("input_bias", "no_autograd", "pad", "unmatched"):
                 info[f"fusion_{k}"] = compile_fusion.compile_fusion_stats[k] - before[k]
 
     def timed(v, n):
