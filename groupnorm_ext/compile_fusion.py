@@ -228,22 +228,19 @@ def _take_pad(act_node: torch.fx.Node, xm: torch.Tensor):
 _warned: set = set()
 
 
-def _report(left: dict) -> None:
-    """One warning per reason per process: chains of a compiled graph that the rule left to Inductor."""
-    for why, n in left.items():
-        if why not in _warned:
-            _warned.add(why)
-            _log.warning("gnext enable_compile_fusion: %d GroupNorm->activation chain(s) of a compiled graph left to "
-                         "Inductor: %s (further graphs left for this reason are not reported)", n, why)
+_LEFT = ("gnext enable_compile_fusion: %d GroupNorm->activation chain(s) of a compiled graph left to Inductor: %s "
+         "(further graphs left for this reason are not reported)")
+_UNMATCHED = ("gnext enable_compile_fusion: a compiled graph has %d GroupNorm call(s) and none was rewritten: %s; they "
+              "stay Inductor's (further graphs are not reported)")
 
 
-def _report_unmatched(unmatched: dict) -> None:
-    """One warning per reason per process: a compiled graph whose GroupNorm calls start no chain the pass fuses."""
-    for why, n in unmatched.items():
+def _report(counts: dict, message: str) -> None:
+    """One warning per reason per process (message: _LEFT, chains of a compiled graph that the rule left to Inductor;
+    _UNMATCHED, GroupNorm calls of a graph that rewrote nothing and that start no chain the pass fuses)."""
+    for why, n in counts.items():
         if why not in _warned:
             _warned.add(why)
-            _log.warning("gnext enable_compile_fusion: a compiled graph has %d GroupNorm call(s) and none was "
-                         "rewritten: %s; they stay Inductor's (further graphs are not reported)", n, why)
+            _log.warning(message, n, why)
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -330,9 +327,9 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
         compile_fusion_stats["residual"] += residual is not None
         compile_fusion_stats["input_bias"] += input_bias is not None
     if left:
-        _report(left)
+        _report(left, _LEFT)
     if unmatched and count == 0 and not left:
-        _report_unmatched(unmatched)
+        _report(unmatched, _UNMATCHED)
     return count
 
 
