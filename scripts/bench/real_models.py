@@ -576,7 +576,8 @@ def main():
     for row in args.rows.split(","):
         variants = tuple(v for v in VARIANTS + EXTRA_VARIANTS if v in args.variants.split(","))
         res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode, variants)
-        keys = ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias", "fusion_no_autograd", "fusion_pad")
+        keys = ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias", "fusion_no_autograd", "fusion_pad",
+                "fusion_unmatched")
         print(json.dumps({k: res[k] for k in keys if k in res}), flush=True)
         rows.append(res)
         write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one

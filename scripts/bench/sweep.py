@@ -12,7 +12,8 @@ them). The worst gnext ratio is printed last.
 Timing: timing.Timer (CUDA events, L2 flushed before each call, median), every variant of a shape once per
 round in a random order, median over --rounds rounds (default 5). Ratios are peer time / gnext
 time (> 1: gnext faster), taken per round and their median reported: a round where the host stalls moves
-every variant timed in it, and one such round in a few shifts a ratio of medians (host-bound rows). Shapes (N, C, spatial..., G) come from: SD-1.5 and SDXL UNets at their latent
+every variant timed in it, and one such round in a few shifts a ratio of medians (host-bound rows).
+Shapes (N, C, spatial..., G) come from: SD-1.5 and SDXL UNets at their latent
 sizes (batch 2 for classifier-free guidance), the SD / SDXL VAE decoders, ResNet-50-GN at batch 32,
 video UNets (5-D), audio/sequence models (3-D), a DiT-style wide C with 4x4 pixels, N from 1 to 64, and
 odd C/G."""
