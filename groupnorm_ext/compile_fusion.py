@@ -26,6 +26,11 @@ reads, the convolution runs without its bias and the op adds it as it reads (``i
 convolution's bias as a pointwise pass that it fuses into the consumers, and gnext's op is not one it can fuse
 into, so the bias was a read and a write of the tensor of its own (docs/decisions/compile-fusion.md).
 
+Where the GroupNorm's output is multiplied by ``scale`` and ``shift`` is added (then an optional activation), scale and
+shift being 1x1x1 ``conv3d``s of one nearest-upsampled tensor that only they read (CogVideoX's spatial norm), the
+upsampling keeps the source's height and width, the convolutions run at that size, and the chain becomes
+``gnext::group_norm_act_modulate``, which upsamples scale and shift as it reads them (:func:`_modulation`).
+
 A second pass, post-grad (``post_grad_custom_post_pass``), points the gnext calls of the differentiated graphs at the
 ops' twins without an Autograd kernel (``<op>_no_autograd``, :func:`_retarget`).
 """
@@ -57,6 +62,10 @@ _CONVS = (torch.conv1d, torch.conv2d, torch.conv3d, F.conv1d, F.conv2d, F.conv3d
 _PADS = (F.pad, torch._C._nn.pad)
 _DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_MULS = (operator.mul, torch.mul)
+_CONV3DS = (torch.conv3d, F.conv3d)
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_INTERPOLATE_SIG = inspect.signature(F.interpolate)
 
 # Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m,
 # "input_bias": convolution biases moved into the op, "left": chains that matched but that the rule left to
@@ -67,8 +76,9 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # (counted in "group_norm_act" too) that write their F.pad's padded output. "unmatched": GroupNorm calls that start no
 # chain the pass fuses (followed by something other than an activation, or read twice); where a graph has such calls
 # and nothing rewritten or left by the rule, each reason is logged once as a warning.
+# "modulate": modulated chains (counted in "group_norm_act" too) rewritten to group_norm_act_modulate.
 compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 0,
-                              "pad": 0, "unmatched": 0}
+                              "pad": 0, "unmatched": 0, "modulate": 0}
 
 
 def _activation(node: torch.fx.Node) -> Optional[str]:
@@ -225,6 +235,173 @@ def _take_pad(act_node: torch.fx.Node, xm: torch.Tensor):
     return nodes, list(pad), mode, float(value or 0.0)
 
 
+def _activation_of(node: torch.fx.Node, source: torch.fx.Node) -> Optional[str]:
+    """group_norm_act's name for the activation that node computes of source (its only tensor argument), or None."""
+    act = _activation(node)
+    if act is None or node.args[0] is not source or any(a is source for a in node.args[1:]) or (
+            node.op == "call_function" and node.target is F.hardswish and len(node.args) > 2):
+        return None
+    return act
+
+
+def _other_operand(node: torch.fx.Node, first: torch.fx.Node, targets) -> Optional[torch.fx.Node]:
+    """The operand beside first of node = targets(first, other) or targets(other, first), two positional arguments."""
+    if node.op != "call_function" or node.target not in targets or len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    other = b if a is first else a if b is first else None
+    return other if isinstance(other, torch.fx.Node) and other is not first else None
+
+
+def _pointwise_conv3d_input(node: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """The input of node where node is a conv3d with a 1x1x1 kernel, stride 1, no padding or dilation, one group,
+    whose output has one reader: a pointwise convolution, which commutes with nearest upsampling (each output
+    position is W z[src] + b either way). Else None."""
+    if node.op != "call_function" or node.target not in _CONV3DS or len(node.users) != 1:
+        return None
+    a = {**dict(zip(_CONV_ARGS, node.args)), **node.kwargs}
+    wm = _meta(a.get("weight"))
+
+    def all_are(v, one):
+        return v == one or (isinstance(v, (tuple, list)) and all(e == one for e in v))
+
+    padding = a.get("padding", 0)
+    if wm is None or wm.dim() != 5 or tuple(wm.shape[2:]) != (1, 1, 1) or not all_are(a.get("stride", 1), 1) \
+            or not (padding == "valid" or all_are(padding, 0)) or not all_are(a.get("dilation", 1), 1) \
+            or a.get("groups", 1) != 1:
+        return None
+    z = a.get("input")
+    return z if isinstance(z, torch.fx.Node) else None
+
+
+def _nearest_parts(z: torch.fx.Node, size_hw):
+    """Where z is F.interpolate(src, size=(d, H, W)) in mode 'nearest' of a 5-D src no larger than (H, W) = size_hw
+    and smaller in one of them, or torch.cat of such calls along dim 2 (each read only by the cat), all of one
+    source (h, w): (the interpolate nodes, (h, w)). Else None."""
+    parts = [z]
+    if z.op == "call_function" and z.target is torch.cat:
+        tensors = z.args[0] if z.args else z.kwargs.get("tensors")
+        dim = z.args[1] if len(z.args) > 1 else z.kwargs.get("dim", 0)
+        if not isinstance(tensors, (list, tuple)) or dim not in (2, -3) \
+                or any(not isinstance(t, torch.fx.Node) or len(t.users) != 1 for t in tensors):
+            return None
+        parts = list(tensors)
+    hw = None
+    for node in parts:
+        if node.op != "call_function" or node.target is not F.interpolate:
+            return None
+        try:
+            a = _INTERPOLATE_SIG.bind(*node.args, **node.kwargs)
+        except TypeError:
+            return None
+        a.apply_defaults()
+        size, src = a.arguments["size"], _meta(a.arguments["input"])
+        if a.arguments["mode"] != "nearest" or a.arguments["scale_factor"] is not None \
+                or a.arguments["align_corners"] is not None or a.arguments["recompute_scale_factor"] \
+                or a.arguments["antialias"] or not isinstance(size, (tuple, list)) or len(size) != 3 \
+                or not all(type(v) is int for v in size) or tuple(size[1:]) != tuple(size_hw) \
+                or src is None or src.dim() != 5 or _static_numel(src) is None:
+            return None
+        src_hw = tuple(src.shape[-2:])
+        if hw not in (None, src_hw):
+            return None
+        hw = src_hw
+    if hw is None or not (hw[0] <= size_hw[0] and hw[1] <= size_hw[1]) or hw == tuple(size_hw):
+        return None
+    return parts, hw
+
+
+def _dead_readers(z: torch.fx.Node, keep) -> Optional[list]:
+    """z's readers other than keep, where each is a getitem, clone, contiguous or detach whose results nothing
+    reads (CogVideoX's causal convolutions clone their input for a frame cache that a 1x1x1 kernel never reads):
+    those nodes, readers first. None where another reader uses z."""
+    out: list = []
+
+    def dead(node) -> bool:
+        pure = (node.op == "call_function" and node.target is operator.getitem) or (
+            node.op == "call_method" and node.target in ("clone", "contiguous", "detach"))
+        if not pure or not all(dead(u) for u in node.users):
+            return False
+        out.append(node)
+        return True
+
+    return out if all(u in keep or dead(u) for u in z.users) else None
+
+
+def _resize_meta(node: torch.fx.Node, hw) -> None:
+    """node's example value (a fake tensor) with its last two sizes set to hw."""
+    v = _meta(node)
+    if v is not None:
+        node.meta["example_value"] = v.new_empty(tuple(v.shape[:-2]) + tuple(hw))
+
+
+_NOT_MODULATED = "GroupNorm followed by mul, not an activation the op fuses (SiLU, GELU, ReLU, tanh, hardswish)"
+_FULL_SIZE_MODULATION = ("GroupNorm(x) * scale + shift whose scale and shift are not 1x1x1 conv3ds of one tensor that "
+                         "nearest-neighbour upsampling brings to x's size from a smaller height or width and that "
+                         "nothing else reads (Inductor's normalize reads as many bytes and adds their biases)")
+_STRIDED_MODULATION = "GroupNorm(x) * scale + shift with x not a contiguous 5-D tensor (the op would copy x)"
+
+
+def _modulation(gn: torch.fx.Node, xm: torch.Tensor):
+    """GroupNorm(x) * scale + shift (either operand order), then an optional activation, where scale and shift are
+    pointwise conv3ds (_pointwise_conv3d_input) of one tensor z that nothing else reads and z is x's size upsampled by
+    nearest neighbour from a smaller height and width (_nearest_parts; CogVideoXSpatialNorm3D): (the nodes after
+    the GroupNorm, the last one last; scale; shift; activation or 'identity'; z's interpolate nodes; the source (h, w);
+    z's dead readers). Else the reason, a str.
+
+    Why only then: group_norm_act_modulate reads scale and shift at the source's size, upsampling as it reads, so
+    the convolutions run on the small tensor and no full-size scale, shift or upsampled z is written; with full-size
+    scale and shift it reads as many bytes as Inductor's own normalize, which also adds the convolutions' biases
+    that the op would leave to passes of their own (docs/decisions/compile-fusion.md)."""
+    mul = next(iter(gn.users))
+    scale = _other_operand(mul, gn, _MULS)
+    if scale is None or len(mul.users) != 1:
+        return _NOT_MODULATED
+    add = next(iter(mul.users))
+    shift = _other_operand(add, mul, _ADDS)
+    if shift is None:
+        return _NOT_MODULATED
+    for t in (scale, shift, add):
+        tm = _meta(t)
+        if tm is None or tm.shape != xm.shape or tm.dtype != xm.dtype or tm.device != xm.device:
+            return _FULL_SIZE_MODULATION
+    chain, act = [mul, add], "identity"
+    if len(add.users) == 1:
+        node = next(iter(add.users))
+        name = _activation_of(node, add)
+        if name is not None:
+            chain, act = chain + [node], name
+    z = _pointwise_conv3d_input(scale)
+    if z is None or z is not _pointwise_conv3d_input(shift):
+        return _FULL_SIZE_MODULATION
+    parts = _nearest_parts(z, xm.shape[-2:])
+    dead = _dead_readers(z, (scale, shift)) if parts is not None else None
+    if parts is None or dead is None:
+        return _FULL_SIZE_MODULATION
+    if xm.dim() != 5 or not xm.is_contiguous():
+        return _STRIDED_MODULATION
+    return chain, scale, shift, act, parts[0], parts[1], dead
+
+
+def _shrink_modulation(scale, shift, parts, hw, dead) -> None:
+    """Makes z's interpolate calls keep the source's (h, w), so that the convolutions scale and shift run at it: the
+    dead readers of z erased, the sizes and the example values set."""
+    graph = scale.graph
+    for node in dead:
+        graph.erase_node(node)
+    for node in parts:
+        size = (node.kwargs["size"] if "size" in node.kwargs else node.args[1])
+        size = (size[0],) + tuple(hw)
+        if "size" in node.kwargs:
+            node.kwargs = {**node.kwargs, "size": size}
+        else:
+            node.args = (node.args[0], size) + tuple(node.args[2:])
+        _resize_meta(node, hw)
+    z = scale.args[0] if scale.args else scale.kwargs["input"]
+    for node in {z, scale, shift}:
+        _resize_meta(node, hw)
+
+
 _warned: set = set()
 
 
@@ -248,6 +425,17 @@ def _target_name(node: torch.fx.Node) -> str:
     if node.op in ("call_method", "call_module"):
         return str(node.target)
     return getattr(node.target, "__name__", str(node.target))
+
+
+def _replace(graph: torch.fx.Graph, last: torch.fx.Node, op, op_args, chain) -> None:
+    """op(*op_args)[0] in place of last, whose chain (in graph order, last the last) is erased."""
+    with graph.inserting_before(last):
+        fused = graph.call_function(op, op_args)
+        out = graph.call_function(operator.getitem, (fused, 0))
+    out.meta.update(last.meta)
+    last.replace_all_uses_with(out)
+    for n in reversed(chain):
+        graph.erase_node(n)
 
 
 def _rewrite(graph: torch.fx.Graph, when: str) -> int:
@@ -278,13 +466,19 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
             no_chain("num_groups or eps not a constant of the graph")
             continue
         act_node = next(iter(gn.users))
-        act = _activation(act_node)
-        if act is None or act_node.args[0] is not gn or any(a is gn for a in act_node.args[1:]) or (
-                act_node.op == "call_function" and act_node.target is F.hardswish and len(act_node.args) > 2):
+        act = _activation_of(act_node, gn)
+        xm, wm, bm = _meta(x), _meta(weight), _meta(bias)
+        modulated = None
+        if act is None and xm is not None and act_node.op == "call_function" and act_node.target in _MULS:
+            modulated = _modulation(gn, xm)
+            if isinstance(modulated, str):
+                no_chain(modulated)
+                continue
+        elif act is None:
             no_chain(f"GroupNorm followed by {_target_name(act_node)}, not an activation the op fuses (SiLU, GELU, "
                      "ReLU, tanh, hardswish)")
             continue
-        xm, wm, bm, om = _meta(x), _meta(weight), _meta(bias), _meta(act_node)
+        om = _meta(act_node if modulated is None else modulated[0][-1])
         if xm is None or om is None or (weight is not None and wm is None) or (bias is not None and bm is None):
             no_chain("no tensor metadata on the chain's nodes")
             continue
@@ -292,6 +486,17 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
         if why is not None:
             left[why] = left.get(why, 0) + 1
             compile_fusion_stats["left"] += 1
+            continue
+        if modulated is not None:
+            chain, scale, shift, mod_act, parts, hw, dead = modulated
+            _shrink_modulation(scale, shift, parts, hw, dead)
+            mod_bias = _take_conv_bias(x, xm)
+            _replace(graph, chain[-1], torch.ops.gnext.group_norm_act_modulate.default,
+                     (x, groups, weight, bias, float(eps), scale, shift, mod_act, mod_bias), (gn, *chain))
+            count += 1
+            compile_fusion_stats["group_norm_act"] += 1
+            compile_fusion_stats["modulate"] += 1
+            compile_fusion_stats["input_bias"] += mod_bias is not None
             continue
         last, residual = act_node, None
         if len(act_node.users) == 1:
@@ -314,13 +519,7 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
             after = [last] if residual is not None else []
             op, op_args = torch.ops.gnext.group_norm_act.default, \
                 (x, groups, weight, bias, float(eps), act, residual, input_bias)
-        with graph.inserting_before(last):
-            fused = graph.call_function(op, op_args)
-            out = graph.call_function(operator.getitem, (fused, 0))
-        out.meta.update(last.meta)
-        last.replace_all_uses_with(out)
-        for n in (*reversed(after), act_node, gn):
-            graph.erase_node(n)
+        _replace(graph, last, op, op_args, (gn, act_node, *after))
         count += 1
         compile_fusion_stats["group_norm_act"] += 1
         compile_fusion_stats["pad"] += padded is not None

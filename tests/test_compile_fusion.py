@@ -74,7 +74,7 @@ def test_fires_and_matches_eager_training(device, act, fusion):
     # no_autograd: the forward graph's 2 group_norm_act (the backward graph calls the backward op's twin already:
     # _autograd._call_backward, traced with grad mode off)
     assert fusion() == {"group_norm_act": 2, "residual": 1, "input_bias": 1, "left": 0, "no_autograd": 2, "pad": 0,
-                        "unmatched": 0}
+                        "unmatched": 0, "modulate": 0}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
@@ -256,12 +256,100 @@ def test_conv_bias_taken_into_the_op():
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
     assert stats == {"group_norm_act": 6, "residual": 1, "input_bias": 4, "left": 0, "no_autograd": 0,
-                     "pad": 0, "unmatched": 0}  # no Inductor
+                     "pad": 0, "unmatched": 0, "modulate": 0}  # no Inductor
     ops = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act.default]
     assert sum(n.args[7] is not None for n in ops) == 4
     convs = [n for n in graph.nodes if n.target in compile_fusion._CONVS]
     with_bias = [n for n in convs if (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")) is not None]
     assert len(convs) == 6 and len(with_bias) == 1  # the conv whose output has two users
+
+
+class SpatialNorm(nn.Module):
+    """CogVideoX's spatial norm (CogVideoXSpatialNorm3D) -> SiLU: the latents z upsampled to x's size by nearest
+    neighbour (the first frame apart where x has an odd number of frames over 1), two 1x1x1 convolutions of them,
+    GroupNorm(x) * conv_y + conv_b. knobs: the variants the pass must leave alone."""
+
+    def __init__(self, C=16, G=4, Z=4, kernel=1, mode="nearest", act=True, order=True):
+        super().__init__()
+        self.norm = nn.GroupNorm(G, C, eps=1e-6)
+        self.conv_y, self.conv_b = nn.Conv3d(Z, C, kernel, padding=kernel // 2), nn.Conv3d(Z, C, kernel,
+                                                                                           padding=kernel // 2)
+        self.mode, self.act, self.order = mode, act, order
+
+    def forward(self, x, z):
+        size = x.shape[-3:]
+        if x.shape[2] > 1 and x.shape[2] % 2 == 1:
+            zq = torch.cat([F.interpolate(z[:, :, :1], size=(1,) + size[1:], mode=self.mode),
+                            F.interpolate(z[:, :, 1:], size=(size[0] - 1,) + size[1:], mode=self.mode)], dim=2)
+        else:
+            zq = F.interpolate(z, size=size, mode=self.mode)
+        _cache = zq[:, :, 0:].clone()  # noqa: F841  (a frame cache nothing reads, as CogVideoXCausalConv3d makes)
+        y, b = self.conv_y(zq), self.conv_b(zq)
+        h = self.norm(x) * y + b if self.order else b + y * self.norm(x)
+        return F.silu(h) if self.act else h
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_modulated_norms(device):
+    """GroupNorm(x) * scale + shift (-> activation), scale and shift 1x1x1 conv3ds of nearest-upsampled latents
+    (CogVideoX's spatial norm), becomes group_norm_act_modulate with the convolutions at the latents' height and
+    width: both operand orders, with and without the activation, the first frame apart or not, the dead clone of
+    the upsampled latents dropped. Left alone (counted as unmatched): 3x3x3 convolutions, another upsampling mode,
+    latents at x's size, latents read elsewhere, a non-contiguous x. Same values as eager."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fused = nn.ModuleList([SpatialNorm(), SpatialNorm(act=False, order=False)])
+            self.kept = nn.ModuleList([SpatialNorm(kernel=3), SpatialNorm(mode="nearest-exact")])
+            self.same = SpatialNorm()
+
+        def forward(self, x, x4, z, z_big):
+            out = [self.fused[0](x, z), self.fused[1](x4, z)] + [m(x, z) for m in self.kept]
+            out.append(self.same(x, z_big))                              # no upsampling
+            n = self.same.norm
+            zq = F.interpolate(z, size=x4.shape[-3:])
+            out += [F.silu(n(x4) * self.same.conv_y(zq) + self.same.conv_b(zq)), zq]  # zq read elsewhere
+            xt = x.transpose(3, 4).contiguous().transpose(3, 4)
+            out.append(self.fused[0](xt, z))                              # non-contiguous x
+            return out
+
+    x, x4 = rand_input((1, 16, 5, 8, 6), torch.float32, device), rand_input((1, 16, 4, 8, 6), torch.float32, device)
+    z, z_big = rand_input((1, 4, 3, 4, 3), torch.float32, device), rand_input((1, 4, 5, 8, 6), torch.float32, device)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        out, ref, stats, graph = _rewritten(perturb_params(M()).to(device), x, x4, z, z_big)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+    assert stats["modulate"] == 2 and stats["group_norm_act"] == 2 and stats["unmatched"] == 5, stats
+    ops = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act_modulate.default]
+    assert [n.args[7] for n in ops] == ["silu", "identity"]
+    for n in ops:  # scale and shift at the latents' height and width
+        assert [tuple(compile_fusion._meta(a).shape) for a in n.args[5:7]] == [(1, 16) + tuple(n.args[0].meta[
+            "example_value"].shape[2:3]) + (4, 3)] * 2
+    # six spatial norms clone their latents; the two fused ones' clones are gone
+    assert sum(n.op == "call_method" and n.target == "clone" for n in graph.nodes) == 4
+
+
+def test_cogvideox_decoder_modulated_norms():
+    """diffusers' CogVideoX decoder (small widths): every spatial norm above the latents' resolution is rewritten
+    (22 of 37 here; the 12 at the latents' own size and the 3 whose input is the upsampler's strided output stay
+    Inductor's), and the decode matches eager."""
+    cogvideox = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_cogvideox")
+    torch.manual_seed(0)
+    vae = perturb_params(cogvideox.AutoencoderKLCogVideoX(block_out_channels=(16, 32, 32, 64), norm_num_groups=4,
+                                                          latent_channels=16)).eval()
+
+    class Decode(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.vae = vae
+
+        def forward(self, z):
+            return self.vae.decode(z).sample
+
+    out, ref, stats, graph = _rewritten(Decode(), rand_input((1, 16, 3, 8, 8), torch.float32, "cpu"))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert stats["modulate"] == 22 and stats["unmatched"] == 15, stats
 
 
 def test_padded_outputs():
@@ -319,7 +407,7 @@ def test_chains_left_alone(fusion):
     x, b = rand_input((2, 16, 5, 5), torch.float32, "cpu"), torch.randn(16, 1, 1)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, b), m(x, b), rtol=1e-4, atol=1e-4)
     assert fusion() == {"group_norm_act": 1, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 1, "pad": 0,
-                        "unmatched": 2}
+                        "unmatched": 2, "modulate": 0}
 
 
 def test_auto_rule():
@@ -376,8 +464,8 @@ def test_chains_left_by_the_rule_are_counted_and_warned_once(caplog):
 
 
 def test_graph_with_no_chain_is_counted_and_warned_once(caplog):
-    """A graph whose GroupNorms start no chain the pass fuses (a spatially modulated norm, CogVideoX's
-    GroupNorm(x) * scale + shift -> SiLU; a sigmoid) rewrites nothing: each GroupNorm is counted in
+    """A graph whose GroupNorms start no chain the pass fuses (GroupNorm(x) * scale + shift -> SiLU with full-size
+    scale and shift given; a sigmoid) rewrites nothing: each GroupNorm is counted in
     compile_fusion_stats['unmatched'] and each reason logged once per process as a warning. A graph that rewrites
     a chain warns about none of its other GroupNorms."""
     import logging
@@ -392,8 +480,8 @@ def test_graph_with_no_chain_is_counted_and_warned_once(caplog):
             return y + F.silu(self.n(x)) if self.fused else y
 
     x, scale, shift = (rand_input((2, 16, 5, 5), torch.float32, "cpu") for _ in range(3))
-    reasons = ("GroupNorm followed by mul, not an activation the op fuses (SiLU, GELU, ReLU, tanh, hardswish)",
-               "GroupNorm followed by sigmoid, not an activation the op fuses (SiLU, GELU, ReLU, tanh, hardswish)")
+    reasons = ("GroupNorm followed by sigmoid, not an activation the op fuses (SiLU, GELU, ReLU, tanh, hardswish)",
+               compile_fusion._FULL_SIZE_MODULATION)  # in the order of the sorted messages
     _warned_before = set(compile_fusion._warned)
     compile_fusion._warned.difference_update(reasons)
     try:

@@ -382,7 +382,7 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         key = "fusion_rewrites" + v.removeprefix("compile+fusion").replace("-", "_")  # "", "_nobias", "_autograd", ...
         info[key] = compile_fusion.compile_fusion_stats["group_norm_act"] - before["group_norm_act"]
         if v == "compile+fusion":
-            for k in ("input_bias", "no_autograd", "pad", "unmatched"):
+            for k in ("input_bias", "no_autograd", "pad", "modulate", "unmatched"):
                 info[f"fusion_{k}"] = compile_fusion.compile_fusion_stats[k] - before[k]
 
     def timed(v, n):
@@ -577,7 +577,7 @@ def main():
         variants = tuple(v for v in VARIANTS + EXTRA_VARIANTS if v in args.variants.split(","))
         res = run_row(row, dev, args.smoke, args.rounds, when, progress, args.compile_mode, variants)
         keys = ("row", "ms", "converted", "fusion_rewrites", "fusion_input_bias", "fusion_no_autograd", "fusion_pad",
-                "fusion_unmatched")
+                "fusion_modulate", "fusion_unmatched")
         print(json.dumps({k: res[k] for k in keys if k in res}), flush=True)
         rows.append(res)
         write(args.out, meta, rows, args.name)  # after every row: a time limit loses at most one
