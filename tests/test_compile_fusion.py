@@ -330,6 +330,26 @@ def test_modulated_norms(device):
     assert sum(n.op == "call_method" and n.target == "clone" for n in graph.nodes) == 4
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_modulated_norm_training(device, fusion):
+    """A spatial norm -> SiLU rewritten in a training graph (when='always'): the compiled forward and the gradients of
+    x, the latents and every parameter match eager's (the op's autograd sums scale's and shift's gradients back to
+    the latents' size)."""
+    torch.manual_seed(0)
+    model = perturb_params(SpatialNorm()).to(device)
+    x = rand_input((1, 16, 5, 8, 6), torch.float32, device).requires_grad_()
+    z = rand_input((1, 4, 3, 4, 3), torch.float32, device).requires_grad_()
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        ref = model(x, z)
+        ref_g = torch.autograd.grad(ref.square().sum(), [x, z, *model.parameters()])
+        out = torch.compile(model, fullgraph=True)(x, z)
+        g = torch.autograd.grad(out.square().sum(), [x, z, *model.parameters()])
+    assert fusion()["modulate"] == 1
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
 def test_cogvideox_decoder_modulated_norms():
     """diffusers' CogVideoX decoder (small widths): every spatial norm above the latents' resolution is rewritten
     (22 of 37 here; the 12 at the latents' own size and the 3 whose input is the upsampler's strided output stay
