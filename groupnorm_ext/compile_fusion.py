@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 import operator
 from pathlib import Path
 from typing import Optional
@@ -340,6 +341,9 @@ _FULL_SIZE_MODULATION = ("GroupNorm(x) * scale + shift whose scale and shift are
                          "nearest-neighbour upsampling brings to x's size from a smaller height or width and that "
                          "nothing else reads (Inductor's normalize reads as many bytes and adds their biases)")
 _STRIDED_MODULATION = "GroupNorm(x) * scale + shift with x not a contiguous 5-D tensor (the op would copy x)"
+_MAX_UPSAMPLED_PLANE = 2 ** 31 - 4096  # group_norm_act_modulate's bound on a channel's plane with smaller scale/shift
+_LARGE_MODULATION = ("GroupNorm(x) * scale + shift with a channel's plane of x over 2^31 - 4096 elements or of dynamic "
+                     "size (the op upsamples smaller scale and shift only below that)")
 
 
 def _modulation(gn: torch.fx.Node, xm: torch.Tensor):
@@ -380,6 +384,8 @@ def _modulation(gn: torch.fx.Node, xm: torch.Tensor):
         return _FULL_SIZE_MODULATION
     if xm.dim() != 5 or not xm.is_contiguous():
         return _STRIDED_MODULATION
+    if not all(type(d) is int for d in xm.shape[2:]) or math.prod(xm.shape[2:]) >= _MAX_UPSAMPLED_PLANE:
+        return _LARGE_MODULATION
     return chain, scale, shift, act, parts[0], parts[1], dead
 
 

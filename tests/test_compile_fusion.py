@@ -328,6 +328,11 @@ def test_modulated_norms(device):
             "example_value"].shape[2:3]) + (4, 3)] * 2
     # six spatial norms clone their latents; the two fused ones' clones are gone
     assert sum(n.op == "call_method" and n.target == "clone" for n in graph.nodes) == 4
+    # a channel's plane at the op's bound for smaller scale and shift (2^31 - 4096 elements): left
+    with mock.patch.object(compile_fusion, "_MAX_UPSAMPLED_PLANE", 5 * 8 * 6):
+        out, ref, stats, _ = _rewritten(SpatialNorm().to(device), x, z)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert stats["modulate"] == 0 and stats["unmatched"] == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
