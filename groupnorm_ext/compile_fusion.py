@@ -433,8 +433,9 @@ def _target_name(node: torch.fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-def _replace(graph: torch.fx.Graph, last: torch.fx.Node, op, op_args, chain) -> None:
-    """op(*op_args)[0] in place of last, whose chain (in graph order, last the last) is erased."""
+def _replace(graph: torch.fx.Graph, op, op_args, chain) -> None:
+    """op(*op_args)[0] in place of the chain's last node; the chain (in graph order) is erased."""
+    last = chain[-1]
     with graph.inserting_before(last):
         fused = graph.call_function(op, op_args)
         out = graph.call_function(operator.getitem, (fused, 0))
@@ -493,41 +494,37 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
             left[why] = left.get(why, 0) + 1
             compile_fusion_stats["left"] += 1
             continue
+        residual = padded = None
         if modulated is not None:
-            chain, scale, shift, mod_act, parts, hw, dead = modulated
+            mod_chain, scale, shift, mod_act, parts, hw, dead = modulated
             _shrink_modulation(scale, shift, parts, hw, dead)
-            mod_bias = _take_conv_bias(x, xm)
-            _replace(graph, chain[-1], torch.ops.gnext.group_norm_act_modulate.default,
-                     (x, groups, weight, bias, float(eps), scale, shift, mod_act, mod_bias), (gn, *chain))
-            count += 1
-            compile_fusion_stats["group_norm_act"] += 1
-            compile_fusion_stats["modulate"] += 1
-            compile_fusion_stats["input_bias"] += mod_bias is not None
-            continue
-        last, residual = act_node, None
-        if len(act_node.users) == 1:
-            add = next(iter(act_node.users))
-            if add.op == "call_function" and add.target in _ADDS and len(add.args) == 2 and not add.kwargs:
-                other = add.args[1] if add.args[0] is act_node else add.args[0]
+        else:
+            last = act_node
+            if len(act_node.users) == 1:
+                add = next(iter(act_node.users))
+                other = _other_operand(add, act_node, _ADDS)
                 om, am = _meta(other), _meta(add)
-                if (other is not act_node and om is not None and am is not None and om.shape == xm.shape
-                        and om.dtype == xm.dtype and om.device == xm.device and am.dtype == xm.dtype):
+                if (om is not None and am is not None and om.shape == xm.shape and om.dtype == xm.dtype
+                        and om.device == xm.device and am.dtype == xm.dtype):
                     last, residual = add, other
-        padded = _take_pad(act_node, xm) if residual is None else None
+            padded = _take_pad(act_node, xm) if residual is None else None
         input_bias = _take_conv_bias(x, xm)
         op_args: tuple
-        if padded is not None:
+        if modulated is not None:
+            op, op_args, chain = torch.ops.gnext.group_norm_act_modulate.default, \
+                (x, groups, weight, bias, float(eps), scale, shift, mod_act, input_bias), (gn, *mod_chain)
+        elif padded is not None:
             after, pad, mode, value = padded
-            last = after[-1]
-            op, op_args = torch.ops.gnext.group_norm_act_pad.default, \
-                (x, groups, weight, bias, float(eps), act, pad, mode, value, input_bias)
+            op, op_args, chain = torch.ops.gnext.group_norm_act_pad.default, \
+                (x, groups, weight, bias, float(eps), act, pad, mode, value, input_bias), (gn, act_node, *after)
         else:
-            after = [last] if residual is not None else []
-            op, op_args = torch.ops.gnext.group_norm_act.default, \
-                (x, groups, weight, bias, float(eps), act, residual, input_bias)
-        _replace(graph, last, op, op_args, (gn, act_node, *after))
+            op, op_args, chain = torch.ops.gnext.group_norm_act.default, \
+                (x, groups, weight, bias, float(eps), act, residual, input_bias), \
+                (gn, act_node) if residual is None else (gn, act_node, last)
+        _replace(graph, op, op_args, chain)
         count += 1
         compile_fusion_stats["group_norm_act"] += 1
+        compile_fusion_stats["modulate"] += modulated is not None
         compile_fusion_stats["pad"] += padded is not None
         compile_fusion_stats["residual"] += residual is not None
         compile_fusion_stats["input_bias"] += input_bias is not None
