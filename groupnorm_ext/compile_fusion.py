@@ -31,6 +31,9 @@ shift being 1x1x1 ``conv3d``s of one nearest-upsampled tensor that only they rea
 upsampling keeps the source's height and width, the convolutions run at that size, and the chain becomes
 ``gnext::group_norm_act_modulate``, which upsamples scale and shift as it reads them (:func:`_modulation`).
 
+After the GroupNorm rules, the data movement of video VAEs' up-samplers: an up-sampling padded for a convolution
+becomes one index of its source, and pads of size 0 read by convolutions are dropped (``_compile_movement``).
+
 A second pass, post-grad (``post_grad_custom_post_pass``), points the gnext calls of the differentiated graphs at the
 ops' twins without an Autograd kernel (``<op>_no_autograd``, :func:`_retarget`).
 """
@@ -51,6 +54,7 @@ import torch.nn.functional as F
 
 from . import _registry  # noqa: F401  (torch.ops.gnext.*)
 from ._autograd import no_autograd as _no_autograd
+from ._compile_movement import rewrite_movement
 from .ops.group_norm_act_pad import MODES as PAD_MODES, check_pad_args
 
 __all__ = ["enable_compile_fusion", "disable_compile_fusion", "compile_fusion_stats"]
@@ -78,8 +82,10 @@ _INTERPOLATE_SIG = inspect.signature(F.interpolate)
 # chain the pass fuses (followed by something other than an activation, or read twice); where a graph has such calls
 # and nothing rewritten or left by the rule, each reason is logged once as a warning.
 # "modulate": modulated chains (counted in "group_norm_act" too) rewritten to group_norm_act_modulate.
+# "gather": up-samplings padded for a convolution rewritten as one index; "zero_pad": pads of size 0 dropped
+# (_compile_movement).
 compile_fusion_stats: dict = {"group_norm_act": 0, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 0,
-                              "pad": 0, "unmatched": 0, "modulate": 0}
+                              "pad": 0, "unmatched": 0, "modulate": 0, "gather": 0, "zero_pad": 0}
 
 
 def _activation(node: torch.fx.Node) -> Optional[str]:
@@ -164,6 +170,11 @@ def _left_because(x: torch.Tensor, y: torch.Tensor, params, when: str) -> Option
     if n is not None and n < _MIN_NUMEL:
         return f"fewer than {_MIN_NUMEL} elements, where Inductor's own kernels are faster (when='auto')"
     return None
+
+
+def _movement_applies(x: torch.Tensor, y: torch.Tensor, when: str) -> bool:
+    """The data-movement rules' rule: with when="auto", inference graphs on CUDA (where they were measured)."""
+    return when == "always" or (not y.requires_grad and x.device.type == "cuda")
 
 
 def _take_conv_bias(x, xm: torch.Tensor):
@@ -571,6 +582,7 @@ def _pass_class(post_grad: bool = False):
                 _retarget(graph)
             else:
                 _rewrite(graph, self.when)
+                rewrite_movement(graph, compile_fusion_stats, functools.partial(_movement_applies, when=self.when))
 
         def uuid(self) -> Optional[bytes]:
             h = hashlib.sha256(_SOURCE)
@@ -602,7 +614,7 @@ def _restore_pass(when, previous, _uuid=None, post_grad=False):
 _HOOKS = {False: "pre_grad_custom_pass", True: "post_grad_custom_post_pass"}
 
 
-_SOURCE = Path(__file__).read_bytes()
+_SOURCE = Path(__file__).read_bytes() + (Path(__file__).parent / "_compile_movement.py").read_bytes()
 
 
 def enable_compile_fusion(when: str = "auto") -> None:

@@ -74,7 +74,7 @@ def test_fires_and_matches_eager_training(device, act, fusion):
     # no_autograd: the forward graph's 2 group_norm_act (the backward graph calls the backward op's twin already:
     # _autograd._call_backward, traced with grad mode off)
     assert fusion() == {"group_norm_act": 2, "residual": 1, "input_bias": 1, "left": 0, "no_autograd": 2, "pad": 0,
-                        "unmatched": 0, "modulate": 0}
+                        "unmatched": 0, "modulate": 0, "gather": 0, "zero_pad": 0}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
@@ -256,7 +256,7 @@ def test_conv_bias_taken_into_the_op():
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
     assert stats == {"group_norm_act": 6, "residual": 1, "input_bias": 4, "left": 0, "no_autograd": 0,
-                     "pad": 0, "unmatched": 0, "modulate": 0}  # no Inductor
+                     "pad": 0, "unmatched": 0, "modulate": 0, "gather": 0, "zero_pad": 0}  # no Inductor
     ops = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act.default]
     assert sum(n.args[7] is not None for n in ops) == 4
     convs = [n for n in graph.nodes if n.target in compile_fusion._CONVS]
@@ -432,7 +432,7 @@ def test_chains_left_alone(fusion):
     x, b = rand_input((2, 16, 5, 5), torch.float32, "cpu"), torch.randn(16, 1, 1)
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x, b), m(x, b), rtol=1e-4, atol=1e-4)
     assert fusion() == {"group_norm_act": 1, "residual": 0, "input_bias": 0, "left": 0, "no_autograd": 1, "pad": 0,
-                        "unmatched": 2, "modulate": 0}
+                        "unmatched": 2, "modulate": 0, "gather": 0, "zero_pad": 0}
 
 
 def test_auto_rule():

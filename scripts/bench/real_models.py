@@ -34,7 +34,8 @@ converter with CogVideoX's spatial norms and blocks back on their own forwards; 
 its convolutions adding their own bias (none left to the norm after them); gnext-padrows, the converter with
 its padded outputs written by the row kernel (GNEXT_PAD_TILE=0) instead of the tile kernel; gnext-nostream, the
 converter with every HunyuanVideo block adding its convolutions' biases (none carried down the residual stream);
-gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers on their own forwards. Timing: wall time (host + GPU) of a
+gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers on their own forwards; compile+fusion-nomove, the
+pass without its data-movement rules (up-sampler gathers, zero pads). Timing: wall time (host + GPU) of a
 batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
@@ -78,7 +79,8 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # through their Python Autograd kernels (the post-grad retarget to the *_no_autograd twins off), and with every F.pad
 # after a rewritten chain left to Inductor (the pass's group_norm_act_pad off).
 EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
-                  "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd", "compile+fusion-nopad")
+                  "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd", "compile+fusion-nopad",
+                  "compile+fusion-nomove")
 
 
 def image(size, n):
@@ -241,10 +243,11 @@ def compile_fusion_variant(model, mode=None, marker="fx_graph_cache"):
 
 
 @contextlib.contextmanager
-def fusion_pass(when, move_bias=True, no_autograd=True, pad=True):
+def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True):
     """enable_compile_fusion(when) for what compiles inside; move_bias=False: with the pass's convolution-bias move
     (input_bias) off; no_autograd=False: with its post-grad retarget to the ops' twins of no Autograd kernel off;
-    pad=False: with its padded outputs (group_norm_act_pad) off."""
+    pad=False: with its padded outputs (group_norm_act_pad) off; move=False: with its data-movement rules (up-sampler
+    gathers, zero pads dropped) off."""
     ge.enable_compile_fusion(when=when)
     try:
         with contextlib.ExitStack() as stack:
@@ -254,6 +257,8 @@ def fusion_pass(when, move_bias=True, no_autograd=True, pad=True):
                 stack.enter_context(mock.patch.object(compile_fusion, "_retarget", lambda graph: 0))
             if not pad:
                 stack.enter_context(mock.patch.object(compile_fusion, "_take_pad", lambda act_node, xm: None))
+            if not move:
+                stack.enter_context(mock.patch.object(compile_fusion, "rewrite_movement", lambda graph, stats, applies: 0))
             yield
     finally:
         ge.disable_compile_fusion()
@@ -272,7 +277,8 @@ PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("co
          ("gnext", "gnext-noblocks"), ("compile+fusion-nobias", "compile"),
          ("compile+fusion", "compile+fusion-nobias"), ("compile+fusion-autograd", "compile"),
          ("compile+fusion", "compile+fusion-autograd"), ("compile+fusion-nopad", "compile"),
-         ("compile+fusion", "compile+fusion-nopad"))
+         ("compile+fusion", "compile+fusion-nopad"), ("compile+fusion-nomove", "compile"),
+         ("compile+fusion", "compile+fusion-nomove"))
 
 
 def paired(times):
@@ -367,12 +373,13 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
     # padded outputs off.
     for v, marker in (("compile+fusion", "fx_graph_cache"), ("compile+fusion-nobias", "fx_graph_remote_cache"),
                       ("compile+fusion-autograd", "autotune_local_cache"),
-                      ("compile+fusion-nopad", "autotune_remote_cache")):
+                      ("compile+fusion-nopad", "autotune_remote_cache"),
+                      ("compile+fusion-nomove", "bundled_autotune_remote_cache")):
         if v not in variants:
             continue
         before = dict(compile_fusion.compile_fusion_stats)
         with fusion_pass(when, move_bias=not v.endswith("-nobias"), no_autograd=not v.endswith("-autograd"),
-                         pad=not v.endswith("-nopad")):
+                         pad=not v.endswith("-nopad"), move=not v.endswith("-nomove")):
             fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
             t0 = time.perf_counter()
             with no_caches():
@@ -382,7 +389,7 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         key = "fusion_rewrites" + v.removeprefix("compile+fusion").replace("-", "_")  # "", "_nobias", "_autograd", ...
         info[key] = compile_fusion.compile_fusion_stats["group_norm_act"] - before["group_norm_act"]
         if v == "compile+fusion":
-            for k in ("input_bias", "no_autograd", "pad", "modulate", "unmatched"):
+            for k in ("input_bias", "no_autograd", "pad", "modulate", "unmatched", "gather", "zero_pad"):
                 info[f"fusion_{k}"] = compile_fusion.compile_fusion_stats[k] - before[k]
 
     def timed(v, n):
@@ -439,7 +446,8 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "gnext-noblocks": "gnext eager, HunyuanVideo blocks on their own forwards ms (x)",
           "compile+fusion-nobias": "compile + fusion, convolutions keep their bias ms (x)",
           "compile+fusion-autograd": "compile + fusion, ops through their Python Autograd kernels ms (x)",
-          "compile+fusion-nopad": "compile + fusion, pads left to Inductor ms (x)"}
+          "compile+fusion-nopad": "compile + fusion, pads left to Inductor ms (x)",
+          "compile+fusion-nomove": "compile + fusion, no data-movement rules ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
