@@ -11,11 +11,12 @@ is (docs/decisions/compile-fusion.md, "Up-samplers and zero pads"):
 * Zero pads. ``F.pad`` with every size 0 (a 1x1x1 causal convolution's "padding") read only by convolutions is its
   input: Inductor copies it.
 
-Index maps come from the chain itself: it is run on tensors of coordinates (N = C = 1, float64) and the result
+Index maps come from the chain itself: it is run on tensors of coordinates (N = C = 1, float32) and the result
 must be separable (each output coordinate a function of its own dimension only) and of that closed form.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Optional
 
@@ -26,6 +27,10 @@ _PADS = (F.pad, torch._C._nn.pad)
 _CONVS = (torch.conv1d, torch.conv2d, torch.conv3d, F.conv1d, F.conv2d, F.conv3d)
 _MAX_FACTOR = 8  # up-sampling factors and pad sizes searched for the closed form
 _MAX_PAD = 8
+# The chain runs at compile time on the CPU, three times, on float32 coordinates of the output's spatial size (exact
+# below 2^24): above this many output elements per channel (512 MB of float32; 17 frames of 2048² are below, 33 are
+# over) it is left alone rather than hold a few such tensors in host memory while compiling.
+_MAX_EVAL_NUMEL = 1 << 27
 
 
 def _meta(node) -> Optional[torch.Tensor]:
@@ -171,16 +176,17 @@ def index_maps(chain, x: torch.fx.Node, xm: torch.Tensor, out_shape) -> Optional
     """Per dim after N and C, (p, L, a, f) of the chain's output index map (x's example value xm), where the chain is
     separable and each map has the closed form; else None."""
     spatial = tuple(xm.shape[2:])
-    if not all(type(s) is int for s in spatial) or not all(type(s) is int for s in out_shape):
+    if not all(type(s) is int for s in spatial) or not all(type(s) is int for s in out_shape) \
+            or math.prod(out_shape[2:]) > _MAX_EVAL_NUMEL or max(spatial) >= 1 << 24:
         return None
     maps = []
     for d, size in enumerate(spatial):
         shape = [1] * len(spatial)
         shape[d] = size
-        coords = torch.arange(size, dtype=torch.float64).view(shape).expand(spatial)[None, None].contiguous()
+        coords = torch.arange(size, dtype=torch.float32).view(shape).expand(spatial)[None, None].contiguous()
         try:
             out = _evaluate(chain, x, coords)
-        except Exception:  # an op the CPU lacks for float64, or arguments it rejects: no rewrite
+        except Exception:  # an op the CPU lacks for float32, or arguments it rejects: no rewrite
             return None
         if tuple(out.shape) != (1, 1) + tuple(out_shape[2:]):
             return None

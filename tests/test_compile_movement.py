@@ -202,3 +202,14 @@ def test_hunyuan_video_decoder(device, fusion, no_tf32):
         out = torch.compile(dec)(z)
     assert fusion() == {"gather": 3, "zero_pad": 2}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_large_outputs_are_left(monkeypatch):
+    """Above _MAX_EVAL_NUMEL output elements per channel the chain is not run at compile time, and stays."""
+    monkeypatch.setattr(_compile_movement, "_MAX_EVAL_NUMEL", 5 * 10 * 14 - 1)
+    m = perturb_params(Upsampler(3, (1, 2, 2)))
+    x = rand_input((1, 3, 3, 4, 6), torch.float32, "cpu")  # padded output 5 x 10 x 14
+    out, ref, stats, graph = _moved(m, x)
+    assert torch.equal(out[0], ref[0]) and stats == {"gather": 0, "zero_pad": 0}
+    monkeypatch.setattr(_compile_movement, "_MAX_EVAL_NUMEL", 5 * 10 * 14)
+    assert _moved(m, x)[2] == {"gather": 1, "zero_pad": 0}
