@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import groupnorm_ext  # noqa: F401  (registers torch.ops.gnext)
+import groupnorm_ext  # registers torch.ops.gnext
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -25,6 +25,46 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fusion():
+    """Fresh compile caches; enable_compile_fusion(when='always') for the test, removed afterwards. Yields a function
+    that returns the pass's counts since the test began (compile_fusion_stats)."""
+    from groupnorm_ext import compile_fusion
+
+    torch._dynamo.reset()
+    before = dict(compile_fusion.compile_fusion_stats)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        groupnorm_ext.enable_compile_fusion(when="always")
+        try:
+            yield lambda: {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
+        finally:
+            groupnorm_ext.disable_compile_fusion()
+            torch._dynamo.reset()
+
+
+def run_graph_pass(model, args, rewrite):
+    """model(*args) under torch.compile with a backend that applies rewrite(graph) to Dynamo's graph and runs it
+    eagerly (no Inductor), and model(*args); under no_grad. Returns (compiled output, eager output, the graph)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        rewrite(gm.graph)
+        gm.graph.lint()
+        gm.recompile()
+        graphs.append(gm.graph)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            out = torch.compile(model, backend=backend, fullgraph=True)(*args)
+            ref = model(*args)
+    finally:
+        torch._dynamo.reset()
+    (graph,) = graphs
+    return out, ref, graph
 
 
 def rand_input(shape, dtype, device, scale=3.0, offset=2.0, memory_format=None, gen=None):

@@ -16,7 +16,7 @@ from torch import nn
 
 import groupnorm_ext as ge
 from groupnorm_ext import compile_fusion
-from conftest import DEVICES, perturb_params, rand_input
+from conftest import DEVICES, perturb_params, rand_input, run_graph_pass
 
 
 class Block(nn.Module):
@@ -34,20 +34,6 @@ class Block(nn.Module):
         h = self.conv(h)
         h = self.act(self.norm2(h))
         return x + h if self.residual else h
-
-
-@pytest.fixture
-def fusion():
-    """Fresh compile caches; the pass enabled with when='always' for the test, removed afterwards."""
-    torch._dynamo.reset()
-    before = dict(compile_fusion.compile_fusion_stats)
-    with torch._inductor.config.patch(fx_graph_cache=False):
-        ge.enable_compile_fusion(when="always")
-        try:
-            yield lambda: {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
-        finally:
-            ge.disable_compile_fusion()
-            torch._dynamo.reset()
 
 
 def _close(out, ref, rel_l2, rel_max):
@@ -208,23 +194,8 @@ def test_post_grad_graphs_call_the_twins(fusion):
 def _rewritten(model, *args):
     """The model's outputs under torch.compile with a backend that runs only the pre-grad pass (when='always', no
     Inductor), its eager outputs, the pass's counts and the rewritten graph; under no_grad."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        compile_fusion._rewrite(gm.graph, "always")
-        gm.recompile()
-        graphs.append(gm.graph)
-        return gm.forward
-
     before = dict(compile_fusion.compile_fusion_stats)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            out = torch.compile(model, backend=backend, fullgraph=True)(*args)
-            ref = model(*args)
-    finally:
-        torch._dynamo.reset()
-    (graph,) = graphs
+    out, ref, graph = run_graph_pass(model, args, lambda graph: compile_fusion._rewrite(graph, "always"))
     return out, ref, {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}, graph
 
 

@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import groupnorm_ext as ge
 from groupnorm_ext import _compile_movement, compile_fusion
-from conftest import DEVICES, perturb_params, rand_input
+from conftest import DEVICES, perturb_params, rand_input, run_graph_pass
 
 _STATS = ("gather", "zero_pad")
 
@@ -20,25 +19,16 @@ _STATS = ("gather", "zero_pad")
 def _moved(model, *args):
     """The model's outputs under torch.compile with a backend that runs only the movement rules (when='always',
     no Inductor), its eager outputs, the counts and the rewritten graph; under no_grad."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        _compile_movement.rewrite_movement(gm.graph, stats, lambda x, y: True)
-        gm.graph.lint()
-        gm.recompile()
-        graphs.append(gm.graph)
-        return gm.forward
-
     stats = dict.fromkeys(_STATS, 0)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            out = torch.compile(model, backend=backend, fullgraph=True)(*args)
-            ref = model(*args)
-    finally:
-        torch._dynamo.reset()
-    (graph,) = graphs
+    out, ref, graph = run_graph_pass(model, args,
+                                     lambda graph: _compile_movement.rewrite_movement(graph, stats, lambda x, y: True))
     return out, ref, stats, graph
+
+
+def _moves(fusion):
+    """The movement rules' counts of the `fusion` fixture (conftest)."""
+    counts = fusion()
+    return {k: counts[k] for k in _STATS}
 
 
 def _targets(graph):
@@ -149,19 +139,6 @@ def test_when():
     assert not rule(cuda, train, "auto") and not rule(cpu, cpu, "auto")
 
 
-@pytest.fixture
-def fusion():
-    torch._dynamo.reset()
-    before = dict(compile_fusion.compile_fusion_stats)
-    with torch._inductor.config.patch(fx_graph_cache=False):
-        ge.enable_compile_fusion(when="always")
-        try:
-            yield lambda: {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in _STATS}
-        finally:
-            ge.disable_compile_fusion()
-            torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_training_gradients(device, fusion, no_tf32):
     """With when='always' a training graph is rewritten too: the gather's backward (index_put with accumulation)
@@ -172,7 +149,7 @@ def test_training_gradients(device, fusion, no_tf32):
     ref_g = torch.autograd.grad(ref.square().sum(), [x, *m.parameters()])
     out = torch.compile(m, fullgraph=True)(x)[1]
     g = torch.autograd.grad(out.square().sum(), [x, *m.parameters()])
-    assert fusion() == {"gather": 1, "zero_pad": 0}
+    assert _moves(fusion) == {"gather": 1, "zero_pad": 0}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
@@ -185,7 +162,7 @@ def test_dynamic_shapes_are_left(fusion):
         for t in (3, 4):
             x = rand_input((1, 4, t, 4, 5), torch.float32, "cpu")
             assert torch.equal(comp(x)[0], m(x)[0])
-    assert fusion() == {"gather": 0, "zero_pad": 0}
+    assert _moves(fusion) == {"gather": 0, "zero_pad": 0}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -200,7 +177,7 @@ def test_hunyuan_video_decoder(device, fusion, no_tf32):
     with torch.no_grad():
         ref = dec(z)
         out = torch.compile(dec)(z)
-    assert fusion() == {"gather": 3, "zero_pad": 2}
+    assert _moves(fusion) == {"gather": 3, "zero_pad": 2}
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
