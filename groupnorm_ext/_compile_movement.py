@@ -226,8 +226,11 @@ def rewrite_movement(graph: torch.fx.Graph, stats: dict, applies) -> int:
     """The two rules on graph, in place; applies(x meta, output meta) says where (the pass's `when`). Returns how
     many chains and pads were rewritten; counts them in stats["gather"] and stats["zero_pad"]."""
     count = 0
-    for pad in list(graph.nodes):
-        if pad.op != "call_function" or pad.target not in _PADS or pad.graph is not graph:
+    erased: set = set()
+    # Last pads first: a pad of a pad is then part of the outer one's chain (one gather), or, where that chain is not
+    # taken, still tried on its own.
+    for pad in reversed(list(graph.nodes)):
+        if pad in erased or pad.op != "call_function" or pad.target not in _PADS:
             continue
         spec, xm, om = _pad_of(pad), _meta(pad.args[0] if pad.args else None), _meta(pad)
         if spec is None or xm is None or om is None or not applies(xm, om):
@@ -257,6 +260,7 @@ def rewrite_movement(graph: torch.fx.Graph, stats: dict, applies) -> int:
         pad.replace_all_uses_with(out)
         for n in reversed(chain):
             graph.erase_node(n)
+        erased.update(chain)
         stats["gather"] += 1
         count += 1
     return count
