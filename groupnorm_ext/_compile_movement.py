@@ -76,7 +76,8 @@ def _movement_inputs(node: torch.fx.Node) -> Optional[list]:
     t = node.target
     if node.op == "call_function" and t is torch.cat:
         tensors = node.args[0] if node.args else node.kwargs.get("tensors")
-        if not isinstance(tensors, (list, tuple)) or not tensors or not all(isinstance(v, torch.fx.Node) for v in tensors):
+        if not isinstance(tensors, (list, tuple)) or not tensors \
+                or not all(isinstance(v, torch.fx.Node) for v in tensors):
             return None
         first = _meta(tensors[0])
         return list(tensors) if first is not None and _spatial(_dim_arg(node, 1, "dim", 0), first.dim()) else None
