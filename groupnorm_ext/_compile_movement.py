@@ -16,6 +16,7 @@ must be separable (each output coordinate a function of its own dimension only) 
 """
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from typing import Optional
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 _PADS = (F.pad, torch._C._nn.pad)
 _CONVS = (torch.conv1d, torch.conv2d, torch.conv3d, F.conv1d, F.conv2d, F.conv3d)
+_INTERPOLATE_SIG = inspect.signature(F.interpolate)
 _MAX_FACTOR = 8  # up-sampling factors and pad sizes searched for the closed form
 _MAX_PAD = 8
 # The chain runs at compile time on the CPU, three times, on float32 coordinates of the output's spatial size (exact
@@ -50,13 +52,16 @@ def _spatial(dim, ndim: int) -> bool:
 def _integer_nearest(node: torch.fx.Node, src: torch.Tensor) -> bool:
     """F.interpolate(src, ...) in mode 'nearest' by integer factors (given as scale_factor or as sizes): each output
     index j reads j // f on every backend."""
-    kw = {**dict(zip(("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor",
-                      "antialias"), node.args)), **node.kwargs}
-    if kw.get("mode", "nearest") != "nearest" or kw.get("align_corners") is not None \
-            or kw.get("recompute_scale_factor") or kw.get("antialias"):
+    try:
+        bound = _INTERPOLATE_SIG.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return False
+    bound.apply_defaults()
+    kw = bound.arguments
+    if kw["mode"] != "nearest" or kw["align_corners"] is not None or kw["recompute_scale_factor"] or kw["antialias"]:
         return False
     k = src.dim() - 2
-    size, scale = kw.get("size"), kw.get("scale_factor")
+    size, scale = kw["size"], kw["scale_factor"]
     if scale is not None and size is None:
         scales = tuple(scale) if isinstance(scale, (tuple, list)) else (scale,) * k
         return len(scales) == k and all(isinstance(s, (int, float)) and float(s) >= 1 and float(s).is_integer()
@@ -106,7 +111,8 @@ def _movement_inputs(node: torch.fx.Node) -> Optional[list]:
     if t is F.interpolate and xm is not None:
         return [x] if _integer_nearest(node, xm) else None
     if t in _PADS:
-        return [x] if _pad_of(node) is not None and _pad_of(node)[1] == "replicate" else None
+        spec = _pad_of(node)
+        return [x] if spec is not None and spec[1] == "replicate" else None
     return None
 
 

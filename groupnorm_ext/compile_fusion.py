@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from . import _registry  # noqa: F401  (torch.ops.gnext.*)
 from ._autograd import no_autograd as _no_autograd
-from ._compile_movement import rewrite_movement
+from ._compile_movement import _CONVS, _INTERPOLATE_SIG, _PADS, _meta, rewrite_movement
 from .ops.group_norm_act_pad import MODES as PAD_MODES, check_pad_args
 
 __all__ = ["enable_compile_fusion", "disable_compile_fusion", "compile_fusion_stats"]
@@ -63,14 +63,11 @@ _log = logging.getLogger("groupnorm_ext")
 _GROUP_NORM = (F.group_norm, torch.group_norm)
 _GN_SIG = inspect.signature(F.group_norm)  # (input, num_groups, weight=None, bias=None, eps=1e-05)
 _ADDS = (operator.add, torch.add)
-_CONVS = (torch.conv1d, torch.conv2d, torch.conv3d, F.conv1d, F.conv2d, F.conv3d)
-_PADS = (F.pad, torch._C._nn.pad)
 _DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _MULS = (operator.mul, torch.mul)
 _CONV3DS = (torch.conv3d, F.conv3d)
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-_INTERPOLATE_SIG = inspect.signature(F.interpolate)
 
 # Counts of this process's rewrites (tests and the benchmark read them): {"group_norm_act": n, "residual": m,
 # "input_bias": convolution biases moved into the op, "left": chains that matched but that the rule left to
@@ -108,11 +105,6 @@ def _activation(node: torch.fx.Node) -> Optional[str]:
         approximate = kw.get("approximate", node.args[1] if len(node.args) > 1 else "none")
         return {"none": "gelu", "tanh": "gelu_tanh"}.get(str(approximate))
     return None
-
-
-def _meta(node) -> Optional[torch.Tensor]:
-    v = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
 
 
 def _static_numel(t: torch.Tensor) -> Optional[int]:

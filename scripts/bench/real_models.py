@@ -34,9 +34,9 @@ converter with CogVideoX's spatial norms and blocks back on their own forwards; 
 its convolutions adding their own bias (none left to the norm after them); gnext-padrows, the converter with
 its padded outputs written by the row kernel (GNEXT_PAD_TILE=0) instead of the tile kernel; gnext-nostream, the
 converter with every HunyuanVideo block adding its convolutions' biases (none carried down the residual stream);
-gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers on their own forwards; compile+fusion-nomove, the
-pass without its data-movement rules (up-sampler gathers, zero pads). Timing: wall time (host + GPU) of a
-batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
+gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers on their own forwards;
+compile+fusion-nomove, the pass without its data-movement rules (up-sampler gathers, zero pads). Timing: wall time
+(host + GPU) of a batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
 compiles both compiled variants with CUDA graphs (the host out of their steps). Output columns:
@@ -258,7 +258,8 @@ def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True):
             if not pad:
                 stack.enter_context(mock.patch.object(compile_fusion, "_take_pad", lambda act_node, xm: None))
             if not move:
-                stack.enter_context(mock.patch.object(compile_fusion, "rewrite_movement", lambda graph, stats, applies: 0))
+                stack.enter_context(mock.patch.object(compile_fusion, "rewrite_movement",
+                                                      lambda graph, stats, applies: 0))
             yield
     finally:
         ge.disable_compile_fusion()
