@@ -5,9 +5,9 @@ is (docs/decisions/compile-fusion.md, "Up-samplers and zero pads"):
 * Gathers. A replicate ``F.pad`` of a tensor that nearest up-sampling by integer factors, splits, concatenations,
   squeezes and ``contiguous`` made from one tensor x (HunyuanVideo's up-sampler: the first frame up-sampled in
   height and width, the others in time too, concatenated along time, then padded for the causal convolution)
-  becomes one ``aten._unsafe_index`` of x by three index vectors, each ``(clamp(j - p, 0, L - 1) + a) // f``
-  of an ``arange``: one pointwise kernel that reads x and writes the padded tensor. Inductor's own lowering writes
-  the up-sampled frames in float32, then the concatenation, then pads it in a 2-D tiled kernel.
+  becomes one ``aten._unsafe_index`` of x, each source index ``(clamp(j - p, 0, L - 1) + a) // f`` of its output
+  index j (all of an ``arange``): one pointwise kernel that reads x and writes the padded tensor. Inductor's own
+  lowering writes the up-sampled frames in float32, then the concatenation, then pads it in a 2-D tiled kernel.
 * Zero pads. ``F.pad`` with every size 0 (a 1x1x1 causal convolution's "padding") read only by convolutions is its
   input: Inductor copies it.
 
@@ -207,24 +207,47 @@ def index_maps(chain, x: torch.fx.Node, xm: torch.Tensor, out_shape) -> Optional
     return maps
 
 
-def _emit_gather(pad: torch.fx.Node, x: torch.fx.Node, maps, device: torch.device, out_shape) -> torch.fx.Node:
-    """x[:, :, i_2, i_3, ...] (aten._unsafe_index, the index vectors shaped to broadcast) before pad."""
+def _emit_gather(pad: torch.fx.Node, x: torch.fx.Node, xm: torch.Tensor, maps, out_shape) -> torch.fx.Node:
+    """The padded tensor as one aten._unsafe_index of x, each source index (clamp(j - p, 0, L - 1) + a) // f of
+    its output index j.
+
+    A contiguous x is indexed flat: the output's flat index is split into (n, c) and one j per dimension by // and
+    %, so that Inductor sees a one-dimensional kernel. Indexed by one vector per dimension, Inductor tiles the output
+    in two dimensions, (n, c, frame) by (row, column), and that kernel ran 1.43x slower (decisions/compile-fusion.md,
+    "Up-samplers and zero pads"). Other strides keep the per-dimension vectors."""
     graph = pad.graph
+    device = xm.device
     k = len(maps)
+    call = graph.call_function
     with graph.inserting_before(pad):
-        index = []
-        for d, (p, L, a, f) in enumerate(maps):
-            n = out_shape[2 + d]
-            j = graph.call_function(torch.arange, (-p, n - p), {"device": device})
-            j = graph.call_function(torch.clamp, (j, 0, L - 1))
-            if a:
-                j = graph.call_function(operator.add, (j, a))
-            if f > 1:
-                j = graph.call_function(operator.floordiv, (j, f))
-            shape = [1] * k
-            shape[d] = -1
-            index.append(graph.call_method("view", (j, shape)) if d < k - 1 else j)
-        out = graph.call_function(torch.ops.aten._unsafe_index.Tensor, (x, [None, None, *index]))
+        if xm.is_contiguous():
+            spatial = out_shape[2:]
+            i = call(torch.arange, (math.prod(out_shape),), {"device": device})
+            src = call(operator.floordiv, (i, math.prod(spatial)))  # n * C + c
+            for d, (p, L, a, f) in enumerate(maps):
+                j = call(operator.mod, (call(operator.floordiv, (i, math.prod(spatial[d + 1:]))), spatial[d]))
+                j = call(torch.clamp, (call(operator.sub, (j, p)) if p else j, 0, L - 1))
+                if a:
+                    j = call(operator.add, (j, a))
+                if f > 1:
+                    j = call(operator.floordiv, (j, f))
+                src = call(operator.add, (call(operator.mul, (src, xm.shape[2 + d])), j))
+            flat = graph.call_method("reshape", (x, -1))
+            out = graph.call_method("view", (call(torch.ops.aten._unsafe_index.Tensor, (flat, [src])), out_shape))
+        else:
+            index = []
+            for d, (p, L, a, f) in enumerate(maps):
+                n = out_shape[2 + d]
+                j = call(torch.arange, (-p, n - p), {"device": device})
+                j = call(torch.clamp, (j, 0, L - 1))
+                if a:
+                    j = call(operator.add, (j, a))
+                if f > 1:
+                    j = call(operator.floordiv, (j, f))
+                shape = [1] * k
+                shape[d] = -1
+                index.append(graph.call_method("view", (j, shape)) if d < k - 1 else j)
+            out = call(torch.ops.aten._unsafe_index.Tensor, (x, [None, None, *index]))
     out.meta.update(pad.meta)
     return out
 
@@ -263,7 +286,7 @@ def rewrite_movement(graph: torch.fx.Graph, stats: dict, applies) -> int:
         maps = index_maps(chain, x, xm, tuple(om.shape))
         if maps is None:
             continue
-        out = _emit_gather(pad, x, maps, xm.device, tuple(om.shape))
+        out = _emit_gather(pad, x, xm, maps, tuple(om.shape))
         pad.replace_all_uses_with(out)
         for n in reversed(chain):
             graph.erase_node(n)

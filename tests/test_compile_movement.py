@@ -54,15 +54,19 @@ class Upsampler(nn.Module):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("factor", [(2, 2, 2), (1, 2, 2), (2, 3, 1)])
-def test_upsampler_is_one_gather(device, factor):
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
+def test_upsampler_is_one_gather(device, factor, layout):
+    """A contiguous source is indexed flat (one index vector: a one-dimensional kernel for Inductor), a strided one
+    by one vector per dimension."""
     m = perturb_params(Upsampler(6, factor)).to(device)
-    x = rand_input((2, 6, 4, 5, 7), torch.float32, device)
+    x = rand_input((2, 6, 4, 5, 7), torch.float32, device, memory_format=layout)
     out, ref, stats, graph = _moved(m, x)
     assert torch.equal(out[0], ref[0])
     torch.testing.assert_close(out[1], ref[1], rtol=1e-5, atol=1e-5)
     assert stats == {"gather": 1, "zero_pad": 0}
     targets = _targets(graph)
-    assert torch.ops.aten._unsafe_index.Tensor in targets
+    (gather,) = [n for n in graph.nodes if n.target is torch.ops.aten._unsafe_index.Tensor]
+    assert len(gather.args[1]) == (1 if layout == torch.contiguous_format else 5)
     assert not any(t in (F.interpolate, torch.cat, F.pad, torch._C._nn.pad, "split") for t in targets), targets
 
 
