@@ -213,12 +213,19 @@ def _emit_gather(pad: torch.fx.Node, x: torch.fx.Node, xm: torch.Tensor, maps, o
 
     A contiguous x is indexed flat: the output's flat index is split into (n, c) and one j per dimension by // and
     %, so that Inductor sees a one-dimensional kernel. Indexed by one vector per dimension, Inductor tiles the output
-    in two dimensions, (n, c, frame) by (row, column), and that kernel ran 1.43x slower (decisions/compile-fusion.md,
-    "Up-samplers and zero pads"). Other strides keep the per-dimension vectors."""
+    in two dimensions, (n, c, frame) by (row, column), a slower kernel (decisions/compile-fusion.md, "The gather's
+    index: flat, not per dimension"). Other strides keep the per-dimension vectors."""
     graph = pad.graph
     device = xm.device
     k = len(maps)
     call = graph.call_function
+
+    def source(j, L, a, f):  # j: the output index less p
+        j = call(torch.clamp, (j, 0, L - 1))
+        if a:
+            j = call(operator.add, (j, a))
+        return call(operator.floordiv, (j, f)) if f > 1 else j
+
     with graph.inserting_before(pad):
         if xm.is_contiguous():
             spatial = out_shape[2:]
@@ -226,24 +233,14 @@ def _emit_gather(pad: torch.fx.Node, x: torch.fx.Node, xm: torch.Tensor, maps, o
             src = call(operator.floordiv, (i, math.prod(spatial)))  # n * C + c
             for d, (p, L, a, f) in enumerate(maps):
                 j = call(operator.mod, (call(operator.floordiv, (i, math.prod(spatial[d + 1:]))), spatial[d]))
-                j = call(torch.clamp, (call(operator.sub, (j, p)) if p else j, 0, L - 1))
-                if a:
-                    j = call(operator.add, (j, a))
-                if f > 1:
-                    j = call(operator.floordiv, (j, f))
+                j = source(call(operator.sub, (j, p)) if p else j, L, a, f)
                 src = call(operator.add, (call(operator.mul, (src, xm.shape[2 + d])), j))
             flat = graph.call_method("reshape", (x, -1))
             out = graph.call_method("view", (call(torch.ops.aten._unsafe_index.Tensor, (flat, [src])), out_shape))
         else:
             index = []
             for d, (p, L, a, f) in enumerate(maps):
-                n = out_shape[2 + d]
-                j = call(torch.arange, (-p, n - p), {"device": device})
-                j = call(torch.clamp, (j, 0, L - 1))
-                if a:
-                    j = call(operator.add, (j, a))
-                if f > 1:
-                    j = call(operator.floordiv, (j, f))
+                j = source(call(torch.arange, (-p, out_shape[2 + d] - p), {"device": device}), L, a, f)
                 shape = [1] * k
                 shape[d] = -1
                 index.append(graph.call_method("view", (j, shape)) if d < k - 1 else j)
