@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from . import _registry  # noqa: F401  (torch.ops.gnext.*)
 from ._autograd import no_autograd as _no_autograd
-from ._compile_movement import _CONVS, _INTERPOLATE_SIG, _PADS, _meta, rewrite_movement
+from ._compile_movement import _CONVS, _INTERPOLATE_SIG, _PADS, _meta, _pad_of, rewrite_movement
 from .ops.group_norm_act_pad import MODES as PAD_MODES, check_pad_args
 
 __all__ = ["enable_compile_fusion", "disable_compile_fusion", "compile_fusion_stats"]
@@ -169,22 +169,105 @@ def _movement_applies(x: torch.Tensor, y: torch.Tensor, when: str) -> bool:
     return when == "always" or (not y.requires_grad and x.device.type == "cuda")
 
 
-def _take_conv_bias(x, xm: torch.Tensor):
-    """Where x is a convolution's output that only the GroupNorm reads, with a bias node of shape (C,) and x's dtype
-    or float32 on x's device: that bias node, after setting the convolution's bias to None. Else None."""
-    if not isinstance(x, torch.fx.Node) or x.op != "call_function" or x.target not in _CONVS or len(x.users) != 1:
+def _take_conv_bias(x, xm: torch.Tensor, chain: tuple):
+    """Where x (or the ``contiguous()`` of it) is a convolution's output with a bias node b of shape (C,), x's dtype or
+    float32 and on x's device, and every reader of x outside the chain (chain[0] is its GroupNorm) is one that b can
+    move past: b, after setting the convolution's bias to None and moving it past those readers (_move_bias_past).
+    Else None."""
+    if not isinstance(x, torch.fx.Node):
         return None
-    pos = len(x.args) > 2
-    b = x.args[2] if pos else x.kwargs.get("bias")
+    conv = x
+    if x.op == "call_method" and x.target == "contiguous" and len(x.args) == 1 and not x.kwargs \
+            and isinstance(x.args[0], torch.fx.Node) and len(x.args[0].users) == 1:
+        conv = x.args[0]  # a block's `hidden_states.contiguous()` of a convolution's (contiguous) output
+    if conv.op != "call_function" or conv.target not in _CONVS:
+        return None
+    pos = len(conv.args) > 2
+    b = conv.args[2] if pos else conv.kwargs.get("bias")
     bm = _meta(b)
     if bm is None or bm.dim() != 1 or bm.shape[0] != xm.shape[1] or bm.device != xm.device \
             or bm.dtype not in (xm.dtype, torch.float32):
         return None
+    moves = _bias_moves(x, xm, chain)
+    if moves is None or not isinstance(b, torch.fx.Node):
+        return None
     if pos:
-        x.args = x.args[:2] + (None,) + x.args[3:]
+        conv.args = conv.args[:2] + (None,) + conv.args[3:]
     else:
-        x.kwargs = {**x.kwargs, "bias": None}
+        conv.kwargs = {**conv.kwargs, "bias": None}
+    _move_bias_past(x, xm, b, bm.dtype, moves)
     return b
+
+
+def _conv_args(node: torch.fx.Node) -> dict:
+    return {**dict(zip(_CONV_ARGS, node.args)), **node.kwargs}
+
+
+def _folds_bias(node: torch.fx.Node, x: torch.fx.Node) -> bool:
+    """node is a convolution of x (its input, nothing else) with no padding and one group: conv(x + b) =
+    conv(x) + sum over the kernel of W b, exactly, whatever the stride and dilation."""
+    if node.op != "call_function" or node.target not in _CONVS:
+        return False
+    a = _conv_args(node)
+    padding = a.get("padding", 0)
+    zero = padding == "valid" or padding == 0 or (isinstance(padding, (tuple, list)) and not any(padding))
+    return a.get("input") is x and sum(v is x for v in (*node.args, *node.kwargs.values())) == 1 and zero \
+        and a.get("groups", 1) == 1 and _meta(a.get("weight")) is not None
+
+
+def _bias_moves(x: torch.fx.Node, xm: torch.Tensor, chain: tuple):
+    """[(kind, node)] for each reader of x but the chain's GroupNorm, kind "conv" (a convolution that folds the
+    bias: _folds_bias, directly or through F.pad of size 0 read only by such convolutions, a 1x1x1 causal
+    convolution's pad) or "add" (x + y with y of x's shape and dtype: it gets x + b, which Inductor computes inside
+    that add's kernel); None if x has another reader, or one inside the chain (the residual add the op takes)."""
+    moves = []
+    for u in x.users:
+        if u is chain[0]:
+            continue
+        if u in chain:
+            return None
+        other = _other_operand(u, x, _ADDS)
+        om, um = _meta(other), _meta(u)
+        if other is not None and om is not None and um is not None and om.shape == xm.shape \
+                and om.dtype == xm.dtype and um.dtype == xm.dtype:
+            moves.append(("add", u))
+        elif _folds_bias(u, x):
+            moves.append(("conv", u))
+        elif u.op == "call_function" and u.target in _PADS and u.args and u.args[0] is x \
+                and _pad_of(u) is not None and not any(_pad_of(u)[0]) and u.users \
+                and all(_folds_bias(c, u) for c in u.users):
+            moves.extend(("conv", c) for c in u.users)
+        else:
+            return None
+    return moves
+
+
+def _move_bias_past(x: torch.fx.Node, xm: torch.Tensor, b: torch.fx.Node, b_dtype: torch.dtype, moves) -> None:
+    """The readers of x (without its bias b) in moves see what they saw with it: each add reads x + b[c]; each
+    convolution's bias gains sum over the kernel of W b (float32, then its weight's dtype)."""
+    graph = x.graph
+    view = [1, -1] + [1] * (xm.dim() - 2)
+    for kind, u in moves:
+        with graph.inserting_before(u):
+            if kind == "add":
+                bx = graph.call_method("to", (b, xm.dtype)) if b_dtype != xm.dtype else b
+                xb = graph.call_function(operator.add, (x, graph.call_method("view", (bx, view))))
+                u.args = tuple(xb if a is x else a for a in u.args)
+                continue
+            a = _conv_args(u)
+            w, wm = a["weight"], _meta(a["weight"])
+            assert wm is not None  # _folds_bias
+            w32 = graph.call_method("float", (w,))
+            summed = graph.call_method("sum", (w32, tuple(range(2, wm.dim())))) if wm.dim() > 2 else w32
+            fold = graph.call_function(operator.matmul, (summed, graph.call_method("float", (b,))))
+            old = a.get("bias")
+            if old is not None:
+                fold = graph.call_function(operator.add, (fold, graph.call_method("float", (old,))))
+            nb = graph.call_method("to", (fold, wm.dtype))
+            if len(u.args) > 2:
+                u.args = u.args[:2] + (nb,) + u.args[3:]
+            else:
+                u.kwargs = {**u.kwargs, "bias": nb}
 
 
 def _identity_dropout(node: torch.fx.Node) -> bool:
@@ -263,7 +346,7 @@ def _pointwise_conv3d_input(node: torch.fx.Node) -> Optional[torch.fx.Node]:
     position is W z[src] + b either way). Else None."""
     if node.op != "call_function" or node.target not in _CONV3DS or len(node.users) != 1:
         return None
-    a = {**dict(zip(_CONV_ARGS, node.args)), **node.kwargs}
+    a = _conv_args(node)
     wm = _meta(a.get("weight"))
 
     def all_are(v, one):
@@ -511,19 +594,24 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
                         and om.device == xm.device and am.dtype == xm.dtype):
                     last, residual = add, other
             padded = _take_pad(act_node, xm) if residual is None else None
-        input_bias = _take_conv_bias(x, xm)
+        if modulated is not None:
+            chain = (gn, *mod_chain)
+        elif padded is not None:
+            chain = (gn, act_node, *padded[0])
+        else:
+            chain = (gn, act_node) if residual is None else (gn, act_node, last)
+        input_bias = _take_conv_bias(x, xm, chain)
         op_args: tuple
         if modulated is not None:
-            op, op_args, chain = torch.ops.gnext.group_norm_act_modulate.default, \
-                (x, groups, weight, bias, float(eps), scale, shift, mod_act, input_bias), (gn, *mod_chain)
+            op, op_args = torch.ops.gnext.group_norm_act_modulate.default, \
+                (x, groups, weight, bias, float(eps), scale, shift, mod_act, input_bias)
         elif padded is not None:
             after, pad, mode, value = padded
-            op, op_args, chain = torch.ops.gnext.group_norm_act_pad.default, \
-                (x, groups, weight, bias, float(eps), act, pad, mode, value, input_bias), (gn, act_node, *after)
+            op, op_args = torch.ops.gnext.group_norm_act_pad.default, \
+                (x, groups, weight, bias, float(eps), act, pad, mode, value, input_bias)
         else:
-            op, op_args, chain = torch.ops.gnext.group_norm_act.default, \
-                (x, groups, weight, bias, float(eps), act, residual, input_bias), \
-                (gn, act_node) if residual is None else (gn, act_node, last)
+            op, op_args = torch.ops.gnext.group_norm_act.default, \
+                (x, groups, weight, bias, float(eps), act, residual, input_bias)
         _replace(graph, op, op_args, chain)
         count += 1
         compile_fusion_stats["group_norm_act"] += 1

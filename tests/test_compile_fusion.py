@@ -235,6 +235,86 @@ def test_conv_bias_taken_into_the_op():
     assert len(convs) == 6 and len(with_bias) == 1  # the conv whose output has two users
 
 
+def test_conv_bias_moved_past_other_readers():
+    """A convolution output that the GroupNorm and other readers share runs without its bias too, where each other
+    reader can take it: a convolution with no padding and one group (its bias gains sum_k W b; directly, through the
+    block's `.contiguous()`, through a pad of size 0, with or without a bias of its own) or an add with a tensor of
+    the output's shape (it reads x + b). Kept where another reader is there (a mul, a padded or grouped convolution)
+    or where the reader is the chain's own residual add. The rewritten graph matches eager."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.c3 = nn.Conv2d(8, 16, 3, padding=1), nn.Conv3d(8, 16, 3, padding=1)
+            self.short, self.short_nb = nn.Conv2d(16, 12, 1), nn.Conv2d(16, 12, 1, bias=False)
+            self.short3 = nn.Conv3d(16, 12, 1)
+            self.k3, self.pad1, self.grouped = nn.Conv2d(16, 12, 3, stride=2), nn.Conv2d(16, 12, 3, padding=1), \
+                nn.Conv2d(16, 16, 1, groups=2)
+            self.n = nn.GroupNorm(4, 16)
+
+        def forward(self, x, x3):
+            h = self.c(x)
+            a = (F.silu(self.n(h)), self.short(h), self.short_nb(h), self.k3(h))     # moved: convolutions
+            h = self.c(x)
+            b = self.short(F.silu(self.n(h))) + self.short(h)                         # moved
+            h = self.c(x)
+            c = F.silu(self.n(h)) * 2 + h                                              # moved: an add
+            h = self.c3(x3).contiguous()
+            d = (F.silu(self.n(h)), self.short3(F.pad(h, (0, 0, 0, 0, 0, 0), mode="replicate")))  # moved
+            h = self.c(x)
+            e = (F.silu(self.n(h)), h * 2)                                             # kept: a mul
+            h = self.c(x)
+            f = (F.silu(self.n(h)), self.pad1(h))                                      # kept: padding
+            h = self.c(x)
+            g = (F.silu(self.n(h)), self.grouped(h))                                   # kept: groups
+            h = self.c(x)
+            k = F.silu(self.n(h)) + h                                                  # kept: the op's residual
+            return a, b, c, d, e, f, g, k
+
+    args = (rand_input((2, 8, 6, 5), torch.float32, "cpu"), rand_input((1, 8, 3, 4, 5), torch.float32, "cpu"))
+    out, ref, stats, graph = _rewritten(perturb_params(M()), *args)
+    flat = lambda t: [v for o in t for v in (o if isinstance(o, tuple) else (o,))]  # noqa: E731
+    for o, r in zip(flat(out), flat(ref)):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+    assert stats["group_norm_act"] == 8 and stats["input_bias"] == 4 and stats["residual"] == 1
+    convs = [n for n in graph.nodes if n.target in compile_fusion._CONVS]
+    firsts = [n for n in convs if compile_fusion._meta(n.args[1]).shape[:3] == (16, 8, 3)]  # self.c, self.c3
+    assert len(firsts) == 8
+    biased = [n for n in firsts if (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")) is not None]
+    assert len(biased) == 4  # e, f, g, k
+
+
+def test_hunyuan_video_decoder_biases_moved():
+    """diffusers' HunyuanVideo decoder (small widths), the pre-grad pass and the movement rules run on Dynamo's graph
+    (no Inductor): every convolution whose output a GroupNorm reads runs without its bias, conv_in's and the
+    up-samplers' included (read by the next block's norm1 and by its shortcut convolution or residual add), and the
+    decode matches eager."""
+    hy = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video")
+    torch.manual_seed(0)
+    vae = perturb_params(hy.AutoencoderKLHunyuanVideo(block_out_channels=(16, 32, 64, 64), norm_num_groups=4))
+    dec = vae.decoder.eval()
+    z = rand_input((1, 16, 3, 8, 8), torch.float32, "cpu")
+    before = dict(compile_fusion.compile_fusion_stats)
+
+    def passes(graph):
+        compile_fusion._rewrite(graph, "always")
+        compile_fusion.rewrite_movement(graph, compile_fusion.compile_fusion_stats, lambda x, y: True)
+
+    out, ref, graph = run_graph_pass(dec, (z,), passes)
+    stats = {k: compile_fusion.compile_fusion_stats[k] - before[k] for k in before}
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    # 29 norms: 14 read a conv1's output alone, 4 the output of conv_in or an up-sampler's convolution
+    assert (stats["group_norm_act"], stats["pad"], stats["input_bias"], stats["gather"]) == (29, 29, 18, 3)
+    sources = []
+    for n in graph.nodes:
+        if n.target is torch.ops.gnext.group_norm_act_pad.default:
+            x = n.args[0]
+            x = x.args[0] if x.target == "contiguous" else x
+            if x.target in compile_fusion._CONVS:
+                sources.append(x.args[2] if len(x.args) > 2 else x.kwargs.get("bias"))
+    assert len(sources) == 18 and all(b is None for b in sources)
+
+
 class SpatialNorm(nn.Module):
     """CogVideoX's spatial norm (CogVideoXSpatialNorm3D) -> SiLU: the latents z upsampled to x's size by nearest
     neighbour (the first frame apart where x has an odd number of frames over 1), two 1x1x1 convolutions of them,

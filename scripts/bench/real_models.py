@@ -35,7 +35,9 @@ its convolutions adding their own bias (none left to the norm after them); gnext
 its padded outputs written by the row kernel (GNEXT_PAD_TILE=0) instead of the tile kernel; gnext-nostream, the
 converter with every HunyuanVideo block adding its convolutions' biases (none carried down the residual stream);
 gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers on their own forwards;
-compile+fusion-nomove, the pass without its data-movement rules (up-sampler gathers, zero pads). Timing: wall time
+compile+fusion-nomove, the pass without its data-movement rules (up-sampler gathers, zero pads);
+compile+fusion-noshare, the pass moving a convolution's bias into the op only where the GroupNorm is the output's
+one reader (not past shortcut convolutions and residual adds). Timing: wall time
 (host + GPU) of a batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
@@ -80,7 +82,7 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # after a rewritten chain left to Inductor (the pass's group_norm_act_pad off).
 EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
                   "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd", "compile+fusion-nopad",
-                  "compile+fusion-nomove")
+                  "compile+fusion-nomove", "compile+fusion-noshare")
 
 
 def image(size, n):
@@ -243,16 +245,21 @@ def compile_fusion_variant(model, mode=None, marker="fx_graph_cache"):
 
 
 @contextlib.contextmanager
-def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True):
+def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True, share=True):
     """enable_compile_fusion(when) for what compiles inside; move_bias=False: with the pass's convolution-bias move
     (input_bias) off; no_autograd=False: with its post-grad retarget to the ops' twins of no Autograd kernel off;
     pad=False: with its padded outputs (group_norm_act_pad) off; move=False: with its data-movement rules (up-sampler
-    gathers, zero pads dropped) off."""
+    gathers, zero pads dropped) off; share=False: a convolution's bias moved only where the GroupNorm is its output's
+    one reader."""
     ge.enable_compile_fusion(when=when)
     try:
         with contextlib.ExitStack() as stack:
             if not move_bias:
-                stack.enter_context(mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm: None))
+                stack.enter_context(mock.patch.object(compile_fusion, "_take_conv_bias", lambda x, xm, chain: None))
+            if not share:
+                def alone(x, xm, chain):
+                    return [] if all(u is chain[0] for u in x.users) else None
+                stack.enter_context(mock.patch.object(compile_fusion, "_bias_moves", alone))
             if not no_autograd:
                 stack.enter_context(mock.patch.object(compile_fusion, "_retarget", lambda graph: 0))
             if not pad:
@@ -279,7 +286,7 @@ PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("co
          ("compile+fusion", "compile+fusion-nobias"), ("compile+fusion-autograd", "compile"),
          ("compile+fusion", "compile+fusion-autograd"), ("compile+fusion-nopad", "compile"),
          ("compile+fusion", "compile+fusion-nopad"), ("compile+fusion-nomove", "compile"),
-         ("compile+fusion", "compile+fusion-nomove"))
+         ("compile+fusion", "compile+fusion-nomove"), ("compile+fusion", "compile+fusion-noshare"))
 
 
 def paired(times):
@@ -375,12 +382,14 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
     for v, marker in (("compile+fusion", "fx_graph_cache"), ("compile+fusion-nobias", "fx_graph_remote_cache"),
                       ("compile+fusion-autograd", "autotune_local_cache"),
                       ("compile+fusion-nopad", "autotune_remote_cache"),
-                      ("compile+fusion-nomove", "bundled_autotune_remote_cache")):
+                      ("compile+fusion-nomove", "bundled_autotune_remote_cache"),
+                      ("compile+fusion-noshare", "search_autotune_cache")):
         if v not in variants:
             continue
         before = dict(compile_fusion.compile_fusion_stats)
         with fusion_pass(when, move_bias=not v.endswith("-nobias"), no_autograd=not v.endswith("-autograd"),
-                         pad=not v.endswith("-nopad"), move=not v.endswith("-nomove")):
+                         pad=not v.endswith("-nopad"), move=not v.endswith("-nomove"),
+                         share=not v.endswith("-noshare")):
             fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
             t0 = time.perf_counter()
             with no_caches():
