@@ -284,6 +284,37 @@ def test_conv_bias_moved_past_other_readers():
     assert len(biased) == 4  # e, f, g, k
 
 
+class SharedConvOutput(nn.Module):
+    """A convolution output read by a GroupNorm chain, an identity residual add and a 1x1x1 causal shortcut (through
+    its pad of size 0), after `.contiguous()`: a video block after an up-sampler."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.c2 = nn.Conv3d(8, 16, 3, padding=1), nn.Conv3d(16, 16, 3, padding=1)
+        self.short = nn.Conv3d(16, 12, 1)
+        self.n = nn.GroupNorm(4, 16)
+
+    def forward(self, x):
+        h = self.c(x).contiguous()
+        return self.c2(F.silu(self.n(h))) + h, self.short(F.pad(h, (0,) * 6, mode="replicate"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_bias_moved_past_readers_training(device, fusion, no_tf32):
+    """Under torch.compile (Inductor) with the bias moved past the add and the shortcut: the forward and every
+    gradient (the convolutions' biases and weights included) match eager."""
+    torch.manual_seed(0)
+    m = perturb_params(SharedConvOutput()).to(device)
+    x = rand_input((1, 8, 3, 4, 5), torch.float32, device).requires_grad_()
+    ref = m(x)
+    ref_g = torch.autograd.grad(sum(r.square().sum() for r in ref), [x, *m.parameters()])
+    out = torch.compile(m, fullgraph=True)(x)
+    g = torch.autograd.grad(sum(r.square().sum() for r in out), [x, *m.parameters()])
+    assert fusion()["input_bias"] == 1
+    for a, b in zip((*out, *g), (*ref, *ref_g)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_hunyuan_video_decoder_biases_moved():
     """diffusers' HunyuanVideo decoder (small widths), the pre-grad pass and the movement rules run on Dynamo's graph
     (no Inductor): every convolution whose output a GroupNorm reads runs without its bias, conv_in's and the
