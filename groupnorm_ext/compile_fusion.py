@@ -203,16 +203,24 @@ def _conv_args(node: torch.fx.Node) -> dict:
     return {**dict(zip(_CONV_ARGS, node.args)), **node.kwargs}
 
 
+def _all_are(v, one) -> bool:
+    """A convolution's int-or-tuple argument v is one in every dimension."""
+    return v == one or (isinstance(v, (tuple, list)) and all(e == one for e in v))
+
+
+def _no_padding(conv_args: dict) -> bool:
+    padding = conv_args.get("padding", 0)
+    return padding == "valid" or _all_are(padding, 0)
+
+
 def _folds_bias(node: torch.fx.Node, x: torch.fx.Node) -> bool:
     """node is a convolution of x (its input, nothing else) with no padding and one group: conv(x + b) =
     conv(x) + sum over the kernel of W b, exactly, whatever the stride and dilation."""
     if node.op != "call_function" or node.target not in _CONVS:
         return False
     a = _conv_args(node)
-    padding = a.get("padding", 0)
-    zero = padding == "valid" or padding == 0 or (isinstance(padding, (tuple, list)) and not any(padding))
-    return a.get("input") is x and sum(v is x for v in (*node.args, *node.kwargs.values())) == 1 and zero \
-        and a.get("groups", 1) == 1 and _meta(a.get("weight")) is not None
+    return a.get("input") is x and sum(v is x for v in (*node.args, *node.kwargs.values())) == 1 \
+        and _no_padding(a) and a.get("groups", 1) == 1 and _meta(a.get("weight")) is not None
 
 
 def _bias_moves(x: torch.fx.Node, xm: torch.Tensor, chain: tuple):
@@ -348,13 +356,8 @@ def _pointwise_conv3d_input(node: torch.fx.Node) -> Optional[torch.fx.Node]:
         return None
     a = _conv_args(node)
     wm = _meta(a.get("weight"))
-
-    def all_are(v, one):
-        return v == one or (isinstance(v, (tuple, list)) and all(e == one for e in v))
-
-    padding = a.get("padding", 0)
-    if wm is None or wm.dim() != 5 or tuple(wm.shape[2:]) != (1, 1, 1) or not all_are(a.get("stride", 1), 1) \
-            or not (padding == "valid" or all_are(padding, 0)) or not all_are(a.get("dilation", 1), 1) \
+    if wm is None or wm.dim() != 5 or tuple(wm.shape[2:]) != (1, 1, 1) or not _all_are(a.get("stride", 1), 1) \
+            or not _no_padding(a) or not _all_are(a.get("dilation", 1), 1) \
             or a.get("groups", 1) != 1:
         return None
     z = a.get("input")
