@@ -65,6 +65,12 @@ def test_real_models_table_with_a_subset_of_variants(tmp_path):
     assert (tmp_path / "t.json").exists() and (tmp_path / "t.md").exists()
 
 
+def test_real_models_every_variant_has_a_column_label():
+    """write() labels its columns from LABELS: a variant without a label would end a device run in a KeyError after
+    its rounds, with no table written."""
+    assert set(real_models.VARIANTS + real_models.EXTRA_VARIANTS) <= set(real_models.LABELS)
+
+
 def test_ncu_stalls_attributes_samples_to_instructions(tmp_path, capsys):
     """scripts/dev/ncu_stalls.py on a source page of three instructions: the wait loop's branch holds 80% of the
     samples and is listed with its top stall reason; the window summary adds up to 100%; a page without the

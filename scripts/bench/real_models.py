@@ -457,7 +457,9 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "compile+fusion-nobias": "compile + fusion, convolutions keep their bias ms (x)",
           "compile+fusion-autograd": "compile + fusion, ops through their Python Autograd kernels ms (x)",
           "compile+fusion-nopad": "compile + fusion, pads left to Inductor ms (x)",
-          "compile+fusion-nomove": "compile + fusion, no data-movement rules ms (x)"}
+          "compile+fusion-nomove": "compile + fusion, no data-movement rules ms (x)",
+          "compile+fusion-noshare": "compile + fusion, a convolution's bias moved only where the GroupNorm is its one "
+                                    "reader ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
