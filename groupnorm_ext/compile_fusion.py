@@ -242,7 +242,7 @@ def _bias_moves(x: torch.fx.Node, xm: torch.Tensor, chain: tuple):
         elif _folds_bias(u, x):
             moves.append(("conv", u))
         elif u.op == "call_function" and u.target in _PADS and u.args and u.args[0] is x \
-                and _pad_of(u) is not None and not any(_pad_of(u)[0]) and u.users \
+                and (spec := _pad_of(u)) is not None and not any(spec[0]) and u.users \
                 and all(_folds_bias(c, u) for c in u.users):
             moves.extend(("conv", c) for c in u.users)
         else:
