@@ -33,10 +33,6 @@ _MAX_PAD = 8
 # below 2^24): above this many output elements per channel (512 MB of float32; 17 frames of 2048² are below, 33 are
 # over) it is left alone rather than hold a few such tensors in host memory while compiling.
 _MAX_EVAL_NUMEL = 1 << 27
-# The flat index's arithmetic (a // and % per dimension, each element) is 32-bit in Inductor's kernel while the output
-# has fewer elements than this; above, its kernel computes in 64 bits (33 frames of HunyuanVideo's last up-sampler,
-# 1x256x35x514²), and the per-dimension form does less of that arithmetic per element.
-_FLAT_MAX_NUMEL = 1 << 31
 
 
 def _meta(node) -> Optional[torch.Tensor]:
@@ -215,11 +211,10 @@ def _emit_gather(pad: torch.fx.Node, x: torch.fx.Node, xm: torch.Tensor, maps, o
     """The padded tensor as one aten._unsafe_index of x, each source index (clamp(j - p, 0, L - 1) + a) // f of
     its output index j.
 
-    A contiguous x with an output of fewer than _FLAT_MAX_NUMEL elements is indexed flat: the output's flat index is
-    split into (n, c) and one j per dimension by // and %, so that Inductor sees a one-dimensional kernel. Indexed by
-    one vector per dimension, Inductor tiles the output in two dimensions, (n, c, frame) by (row, column), a slower
-    kernel at 32-bit indices (decisions/compile-fusion.md, "The gather's index: flat, not per dimension"). Other
-    strides and larger outputs keep the per-dimension vectors."""
+    A contiguous x is indexed flat: the output's flat index is split into (n, c) and one j per dimension by // and
+    %, so that Inductor sees a one-dimensional kernel. Indexed by one vector per dimension, Inductor tiles the output
+    in two dimensions, (n, c, frame) by (row, column), a slower kernel (decisions/compile-fusion.md, "The gather's
+    index: flat, not per dimension"). Other strides keep the per-dimension vectors."""
     graph = pad.graph
     device = xm.device
     k = len(maps)
@@ -232,7 +227,7 @@ def _emit_gather(pad: torch.fx.Node, x: torch.fx.Node, xm: torch.Tensor, maps, o
         return call(operator.floordiv, (j, f)) if f > 1 else j
 
     with graph.inserting_before(pad):
-        if xm.is_contiguous() and math.prod(out_shape) < _FLAT_MAX_NUMEL:
+        if xm.is_contiguous():
             spatial = out_shape[2:]
             i = call(torch.arange, (math.prod(out_shape),), {"device": device})
             src = call(operator.floordiv, (i, math.prod(spatial)))  # n * C + c

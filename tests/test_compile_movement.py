@@ -196,16 +196,3 @@ def test_large_outputs_are_left(monkeypatch):
     assert torch.equal(out[0], ref[0]) and stats == {"gather": 0, "zero_pad": 0}
     monkeypatch.setattr(_compile_movement, "_MAX_EVAL_NUMEL", 5 * 10 * 14)
     assert _moved(m, x)[2] == {"gather": 1, "zero_pad": 0}
-
-
-def test_large_outputs_index_per_dimension(monkeypatch):
-    """A contiguous source whose padded output has _FLAT_MAX_NUMEL elements or more is indexed by one vector per
-    dimension (64-bit index arithmetic in the flat form), bitwise as eager; one element fewer keeps the flat index."""
-    m = perturb_params(Upsampler(3, (1, 2, 2)))
-    x = rand_input((1, 3, 3, 4, 6), torch.float32, "cpu")  # padded output 1 x 3 x 5 x 10 x 14
-    for limit, vectors in ((3 * 5 * 10 * 14, 5), (3 * 5 * 10 * 14 + 1, 1)):
-        monkeypatch.setattr(_compile_movement, "_FLAT_MAX_NUMEL", limit)
-        out, ref, stats, graph = _moved(m, x)
-        assert torch.equal(out[0], ref[0]) and stats == {"gather": 1, "zero_pad": 0}
-        (gather,) = [n for n in graph.nodes if n.target is torch.ops.aten._unsafe_index.Tensor]
-        assert len(gather.args[1]) == vectors, limit

@@ -36,9 +36,7 @@ its padded outputs written by the row kernel (GNEXT_PAD_TILE=0) instead of the t
 converter with every HunyuanVideo block adding its convolutions' biases (none carried down the residual stream);
 gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers on their own forwards;
 compile+fusion-nomove, the pass without its data-movement rules (up-sampler gathers, zero pads);
-compile+fusion-flat, the pass indexing every contiguous up-sampler's gather flat (also at 2^31 output elements and
-more, where the rule indexes per dimension); compile+fusion-noshare, the pass moving a convolution's bias into the op
-only where the GroupNorm is the output's
+compile+fusion-noshare, the pass moving a convolution's bias into the op only where the GroupNorm is the output's
 one reader (not past shortcut convolutions and residual adds). Timing: wall time
 (host + GPU) of a batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
@@ -72,7 +70,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import groupnorm_ext as ge  # noqa: E402
-from groupnorm_ext import _compile_movement, compile_fusion  # noqa: E402
+from groupnorm_ext import compile_fusion  # noqa: E402
 from timing import with_tuning  # noqa: E402
 
 VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
@@ -84,8 +82,7 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # after a rewritten chain left to Inductor (the pass's group_norm_act_pad off).
 EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
                   "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd", "compile+fusion-nopad",
-                  "compile+fusion-nomove", "compile+fusion-noshare",
-                  "compile+fusion-flat")
+                  "compile+fusion-nomove", "compile+fusion-noshare")
 
 
 def image(size, n):
@@ -248,12 +245,12 @@ def compile_fusion_variant(model, mode=None, marker="fx_graph_cache"):
 
 
 @contextlib.contextmanager
-def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True, share=True, flat_limit=None):
+def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True, share=True):
     """enable_compile_fusion(when) for what compiles inside; move_bias=False: with the pass's convolution-bias move
     (input_bias) off; no_autograd=False: with its post-grad retarget to the ops' twins of no Autograd kernel off;
     pad=False: with its padded outputs (group_norm_act_pad) off; move=False: with its data-movement rules (up-sampler
     gathers, zero pads dropped) off; share=False: a convolution's bias moved only where the GroupNorm is its output's
-    one reader; flat_limit: the gather rule's flat index below this many output elements (its rule: 2^31)."""
+    one reader."""
     ge.enable_compile_fusion(when=when)
     try:
         with contextlib.ExitStack() as stack:
@@ -263,8 +260,6 @@ def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True, sha
                 def alone(x, xm, chain):
                     return [] if all(u is chain[0] for u in x.users) else None
                 stack.enter_context(mock.patch.object(compile_fusion, "_bias_moves", alone))
-            if flat_limit is not None:
-                stack.enter_context(mock.patch.object(_compile_movement, "_FLAT_MAX_NUMEL", flat_limit))
             if not no_autograd:
                 stack.enter_context(mock.patch.object(compile_fusion, "_retarget", lambda graph: 0))
             if not pad:
@@ -291,8 +286,7 @@ PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("co
          ("compile+fusion", "compile+fusion-nobias"), ("compile+fusion-autograd", "compile"),
          ("compile+fusion", "compile+fusion-autograd"), ("compile+fusion-nopad", "compile"),
          ("compile+fusion", "compile+fusion-nopad"), ("compile+fusion-nomove", "compile"),
-         ("compile+fusion", "compile+fusion-nomove"), ("compile+fusion", "compile+fusion-noshare"),
-         ("compile+fusion", "compile+fusion-flat"))
+         ("compile+fusion", "compile+fusion-nomove"), ("compile+fusion", "compile+fusion-noshare"))
 
 
 def paired(times):
@@ -389,13 +383,13 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
                       ("compile+fusion-autograd", "autotune_local_cache"),
                       ("compile+fusion-nopad", "autotune_remote_cache"),
                       ("compile+fusion-nomove", "bundled_autotune_remote_cache"),
-                      ("compile+fusion-noshare", "search_autotune_cache"), ("compile+fusion-flat", "freezing")):
+                      ("compile+fusion-noshare", "search_autotune_cache")):
         if v not in variants:
             continue
         before = dict(compile_fusion.compile_fusion_stats)
         with fusion_pass(when, move_bias=not v.endswith("-nobias"), no_autograd=not v.endswith("-autograd"),
                          pad=not v.endswith("-nopad"), move=not v.endswith("-nomove"),
-                         share=not v.endswith("-noshare"), flat_limit=1 << 62 if v.endswith("-flat") else None):
+                         share=not v.endswith("-noshare")):
             fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
             t0 = time.perf_counter()
             with no_caches():
@@ -464,7 +458,6 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "compile+fusion-autograd": "compile + fusion, ops through their Python Autograd kernels ms (x)",
           "compile+fusion-nopad": "compile + fusion, pads left to Inductor ms (x)",
           "compile+fusion-nomove": "compile + fusion, no data-movement rules ms (x)",
-          "compile+fusion-flat": "compile + fusion, every gather indexed flat ms (x)",
           "compile+fusion-noshare": "compile + fusion, a convolution's bias moved only where the GroupNorm is its one "
                                     "reader ms (x)"}
 
