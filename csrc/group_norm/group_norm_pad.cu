@@ -8,8 +8,6 @@
 // docs/decisions/padded-output.md.
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
-#include <utility>
 
 #include "group_norm_dispatch.cuh"
 #include "group_norm_kernels.cuh"
@@ -104,24 +102,6 @@ __device__ __forceinline__ uint4 shift_words(const uint32_t (&w)[8], bool half_w
 #pragma unroll
   for (int k = 0; k < 4; ++k) o[k] = half_word ? __byte_perm(w[k + Q], w[k + Q + 1], 0x5432) : w[k + Q];
   return make_uint4(o[0], o[1], o[2], o[3]);
-}
-// The same window at an offset known at compile time: no branch on it, only the word moves it needs.
-template <typename T, int Off>
-__device__ __forceinline__ uint4 window16c(const uint4& lo, const uint4& hi) {
-  constexpr int kPerWord = 4 / sizeof(T);
-  if constexpr (Off == 0) {
-    return lo;
-  } else {
-    const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    return shift_words<Off / kPerWord>(w, kPerWord == 2 && (Off & 1));
-  }
-}
-// f(std::integral_constant<int, I>{}) for the I in [0, N) equal to i.
-template <int N, typename F>
-__device__ __forceinline__ void with_const(int i, F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((i == I ? (f(std::integral_constant<int, I>{}), 0) : 0), ...);
-  }(std::make_integer_sequence<int, N>{});
 }
 template <typename T>
 __device__ __forceinline__ uint4 window16(const uint4& lo, const uint4& hi, int off) {
@@ -241,13 +221,13 @@ __global__ void __launch_bounds__(kPadThreads)
 // the halo one element at a time. The unit of the first (last) source frame or row also writes the rows before
 // (after) it.
 constexpr int kPadTileStages = 3;
-template <typename T, int Pw, bool Replicate, bool Fast>
+template <typename T, int Pw, bool Replicate>
 struct PadTileTag {};  // raise_smem_limit's per-kernel tag
 
 // Elements per staged row: the row and V slots on either side.
 constexpr int64_t pad_tile_row(int64_t W, int64_t V) { return W + 2 * V; }
 
-template <typename T, int Pw, bool Replicate, bool Fast>
+template <typename T, int Pw, bool Replicate>
 __global__ void __launch_bounds__(kPadThreads)
     affine_pad_tile_kernel(const T* __restrict__ x, T* __restrict__ out, const float4* __restrict__ coef,
                            PadShape s, PwArgs pw, float value, FastDivmod vec_div, int stage_elems, int rb, int blocks,
@@ -288,20 +268,11 @@ __global__ void __launch_bounds__(kPadThreads)
     const int d = static_cast<int>(q - nc * D), h0 = static_cast<int>(u - q * blocks) * rb, nr = min(rb, H - h0);
     T* const st = stages + stage * stage_elems;
     if (halo) {  // each staged row's slots: copies of its first and last elements
-      if constexpr (Fast) {  // a thread per row: no division
-        for (int r = threadIdx.x; r < nr; r += kPadThreads) {
-          T* row = st + r * SW;
-          const T a = row[V], b = row[V + W - 1];
-          for (int k = 0; k < wl; ++k) row[V - 1 - k] = a;
-          for (int k = 0; k < wr; ++k) row[V + W + k] = b;
-        }
-      } else {
-        for (int i = threadIdx.x; i < nr * (wl + wr); i += kPadThreads) {
-          const int r = i / (wl + wr), k = i - r * (wl + wr);
-          T* row = st + r * SW;
-          if (k < wl) row[V - 1 - k] = row[V];
-          else row[V + W + (k - wl)] = row[V + W - 1];
-        }
+      for (int i = threadIdx.x; i < nr * (wl + wr); i += kPadThreads) {
+        const int r = i / (wl + wr), k = i - r * (wl + wr);
+        T* row = st + r * SW;
+        if (k < wl) row[V - 1 - k] = row[V];
+        else row[V + W + (k - wl)] = row[V + W - 1];
       }
       __syncthreads();
     }
@@ -329,31 +300,6 @@ __global__ void __launch_bounds__(kPadThreads)
         return w < 0 ? cval : f(srow[V + w]);
       };
       const int head = to_aligned16(orow, Wp), nv = (Wp - head) / V, tail = head + nv * V;
-      if constexpr (Fast) {
-        if (halo) {
-          // Head and tail (fewer than 2V <= 32 elements) in one pass of the warp; then every output vector from
-          // the stage vectors lo0 + vi and lo0 + vi + 1, shifted by an offset that is the same for the whole row.
-          const int ntail = Wp - tail;
-          if (lane < head + ntail) {
-            const int j = lane < head ? lane : tail + lane - head;
-            orow[j] = f(srow[V - wl + j]);
-          }
-          const int p0 = V - wl + head, lo0 = p0 / V;
-          Raw* ov = reinterpret_cast<Raw*>(orow + head);
-          with_const<V>(p0 - lo0 * V, [&](auto off) {
-            constexpr int Off = decltype(off)::value;
-#pragma unroll 2
-            for (int vi = lane; vi < nv; vi += 32) {
-              Pack<T, V> pk;
-              pk.raw = window16c<T, Off>(sv[lo0 + vi], sv[lo0 + vi + (Off == 0 ? 0 : 1)]);
-#pragma unroll
-              for (int j = 0; j < V; ++j) pk.v[j] = f(pk.v[j]);
-              stg_raw(ov + vi, pk.raw);
-            }
-          });
-          continue;
-        }
-      }
       if (lane < head) orow[lane] = get(lane);
       for (int vi = lane; vi < nv; vi += 32) {
         const int j0 = head + vi * V;
@@ -436,11 +382,8 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
             return launch_dependent(kernel, grid, dim3(kPadThreads), smem, stream, xt, ot, k, s, pw, value,
                                     FastDivmod(static_cast<uint32_t>(s.W * esize / 16)), stage_elems, rb, blocks, units);
           };
-          if (plan.rows_per_warp == 1)  // probe: the tile kernel with fewer instructions per row
-            return replicate ? go(affine_pad_tile_kernel<T, P, true, true>, PadTileTag<T, P, true, true>{})
-                             : go(affine_pad_tile_kernel<T, P, false, true>, PadTileTag<T, P, false, true>{});
-          return replicate ? go(affine_pad_tile_kernel<T, P, true, false>, PadTileTag<T, P, true, false>{})
-                           : go(affine_pad_tile_kernel<T, P, false, false>, PadTileTag<T, P, false, false>{});
+          return replicate ? go(affine_pad_tile_kernel<T, P, true>, PadTileTag<T, P, true>{})
+                           : go(affine_pad_tile_kernel<T, P, false>, PadTileTag<T, P, false>{});
         }
         if (plan.kernel == PadKernel::kRows) {
           auto go = [&](auto kernel) {

@@ -87,7 +87,7 @@ inline constexpr TuningField kTuningFields[] = {
     {"GNEXT_DY_NCHW", &Tuning::dy_nchw, "0: copy an NCHW grad_out of a channels_last input first"},
     {"GNEXT_PDL", &Tuning::pdl, "0: no programmatic dependent launches"},
     {"GNEXT_PAD_ROWS", &Tuning::pad_rows, "padded output (group_norm_act_pad), row kernel: rows per warp trip, 1 or 2, their loads in flight together (rule: 2)"},
-    {"GNEXT_PAD_TILE", &Tuning::pad_tile, "padded output (group_norm_act_pad): the tile kernel (source rows staged in shared memory by cp.async); 0 never, 1 rule (rows of 16-byte multiples from 256 elements), 2 wherever the rows fit; 3 and 4: as 1 and 2 with each row's vector loop specialized on its offset"},
+    {"GNEXT_PAD_TILE", &Tuning::pad_tile, "padded output (group_norm_act_pad): the tile kernel (source rows staged in shared memory by cp.async); 0 never, 1 rule (rows of 16-byte multiples from 256 elements), 2 wherever the rows fit"},
 };
 
 // A Tuning from `lookup(env name)` (null or empty: the default). Unknown names are not looked up.
