@@ -210,41 +210,6 @@ __global__ void __launch_bounds__(kPadThreads)
 }
 
 
-// Writes one output row (Wp elements) by one warp from its staged source row srow (V slots, the row at V, V slots;
-// with `halo`, the slots hold the replicated edge elements), from the output's first 16-byte boundary: each output
-// vector is two 16-byte stage loads shifted in registers (window16), the unaligned ends one element per lane.
-// Constant padding (or wider replicate padding) takes the vectors that touch the halo one element at a time.
-template <typename T, int Pw, bool Replicate>
-__device__ __forceinline__ void store_staged_row(T* __restrict__ orow, const T* srow, int lane, int W, int Wp, int wl,
-                                                 bool halo, T cval, const float4& k, float pc) {
-  constexpr int V = 16 / sizeof(T);
-  using Raw = typename Pack<T, V>::Raw;
-  const Raw* sv = reinterpret_cast<const Raw*>(srow);
-  auto f = [&](T v) { return static_cast<T>(pw_affine<false, Pw>(k, to_float(v), 0.f, pc)); };
-  auto get = [&](int j) {  // output element j of the row
-    if (halo) return f(srow[V - wl + j]);
-    const int w = src_index<Replicate>(j, wl, W);
-    return w < 0 ? cval : f(srow[V + w]);
-  };
-  const int head = to_aligned16(orow, Wp), nv = (Wp - head) / V, tail = head + nv * V;
-  if (lane < head) orow[lane] = get(lane);
-  for (int vi = lane; vi < nv; vi += 32) {
-    const int j0 = head + vi * V;
-    Pack<T, V> pk;
-    if (halo || (j0 >= wl && j0 + V <= wl + W)) {  // staged elements p0 .. p0 + V: two stage vectors shifted
-      const int p0 = V - wl + j0, lo = p0 / V, off = p0 - lo * V;
-      pk.raw = window16<T>(sv[lo], off == 0 ? sv[lo] : sv[lo + 1], off);
-#pragma unroll
-      for (int j = 0; j < V; ++j) pk.v[j] = f(pk.v[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) pk.v[j] = get(j0 + j);
-    }
-    stg_raw(reinterpret_cast<Raw*>(orow + j0), pk.raw);
-  }
-  if (tail + lane < Wp) orow[tail + lane] = get(tail + lane);
-}
-
 // The tile kernel: each unit is up to a stage of consecutive source rows (n, c, d, h0 .. h0 + rows) whose bytes are a
 // multiple of 16, copied into shared memory by cp.async (kPadTileStages stages per CTA: the next units' copies are in
 // flight while this one is written, and hold no registers). Each staged row has V slots on either side; with
@@ -258,8 +223,6 @@ __device__ __forceinline__ void store_staged_row(T* __restrict__ orow, const T* 
 constexpr int kPadTileStages = 3;
 template <typename T, int Pw, bool Replicate>
 struct PadTileTag {};  // raise_smem_limit's per-kernel tag
-template <typename T, int Pw, bool Replicate>
-struct PadWarpTileTag {};
 
 // Elements per staged row: the row and V slots on either side.
 constexpr int64_t pad_tile_row(int64_t W, int64_t V) { return W + 2 * V; }
@@ -318,6 +281,7 @@ __global__ void __launch_bounds__(kPadThreads)
     const int hlo = h0 == 0 ? 0 : h0 + s.ht, hhi = h0 + nr == H ? Hp : h0 + nr + s.ht, nh = hhi - hlo;
     const float4 k = coef[nc];
     const float pc = pw_channel<false, Pw>(pw, nc % s.C);
+    auto f = [&](T v) { return static_cast<T>(pw_affine<false, Pw>(k, to_float(v), 0.f, pc)); };
     int dp = dlo, hp = hlo + warp;  // the warp's rows: warp, warp + kWarps, ... of (dhi - dlo) x nh, frame-major
     for (; dp < dhi; hp += kWarps) {
       for (; hp >= hhi; ++dp) hp -= nh;
@@ -328,84 +292,33 @@ __global__ void __launch_bounds__(kPadThreads)
         warp_store_run(orow, Wp, lane, [&](int) { return cval; });
         continue;
       }
-      store_staged_row<T, Pw, Replicate>(orow, st + (sh - h0) * SW, lane, W, Wp, wl, halo, cval, k, pc);
+      const T* srow = st + (sh - h0) * SW;  // its slots, then the row at V
+      const Raw* sv = reinterpret_cast<const Raw*>(srow);
+      auto get = [&](int j) {  // output element j of the row
+        if (halo) return f(srow[V - wl + j]);
+        const int w = src_index<Replicate>(j, wl, W);
+        return w < 0 ? cval : f(srow[V + w]);
+      };
+      const int head = to_aligned16(orow, Wp), nv = (Wp - head) / V, tail = head + nv * V;
+      if (lane < head) orow[lane] = get(lane);
+      for (int vi = lane; vi < nv; vi += 32) {
+        const int j0 = head + vi * V;
+        Pack<T, V> pk;
+        if (halo || (j0 >= wl && j0 + V <= wl + W)) {  // staged elements p0 .. p0 + V: two stage vectors shifted
+          const int p0 = V - wl + j0, lo = p0 / V, off = p0 - lo * V;
+          pk.raw = window16<T>(sv[lo], off == 0 ? sv[lo] : sv[lo + 1], off);
+#pragma unroll
+          for (int j = 0; j < V; ++j) pk.v[j] = f(pk.v[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < V; ++j) pk.v[j] = get(j0 + j);
+        }
+        stg_raw(reinterpret_cast<Raw*>(orow + j0), pk.raw);
+      }
+      if (tail + lane < Wp) orow[tail + lane] = get(tail + lane);
     }
     __syncthreads();  // the stage is free for the copies issued at the top of the next trip
     stage = (stage + 1) % kPadTileStages;
-  }
-  cp_async_wait<0>();
-}
-
-// probe: the tile kernel's units taken by single warps, each with its own kPadWarpStages stages of rb rows and
-// no CTA barrier (__syncwarp only): a warp waits only for its own copies.
-constexpr int kPadWarpStages = 4;
-template <typename T, int Pw, bool Replicate>
-__global__ void __launch_bounds__(kPadThreads)
-    affine_pad_warp_tile_kernel(const T* __restrict__ x, T* __restrict__ out, const float4* __restrict__ coef,
-                                PadShape s, PwArgs pw, float value, FastDivmod vec_div, int stage_elems, int rb,
-                                int blocks, int64_t units) {
-  constexpr int V = 16 / sizeof(T), kWarps = kPadThreads / 32;
-  using Raw = typename Pack<T, V>::Raw;
-  extern __shared__ __align__(16) unsigned char pad_smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  T* const stages = reinterpret_cast<T*>(pad_smem) + warp * (kPadWarpStages * stage_elems + V);
-  pdl_wait();  // launch_dependent: coef is written
-  const int W = static_cast<int>(s.W), H = static_cast<int>(s.H), D = static_cast<int>(s.D);
-  const int Wp = static_cast<int>(s.Wp), Hp = static_cast<int>(s.Hp), Dp = static_cast<int>(s.Dp);
-  const int wl = s.wl, wr = Wp - W - wl, SW = static_cast<int>(pad_tile_row(W, V)), row_vecs = W / V;
-  const bool halo = Replicate && wl <= V && wr <= V;
-  const T cval = static_cast<T>(value);
-  auto load = [&](int stage, int64_t u) {
-    if (u < units) {
-      const int64_t q = u / blocks;
-      const int h0 = static_cast<int>(u - q * blocks) * rb, n = min(rb, H - h0) * row_vecs;
-      const Raw* src = reinterpret_cast<const Raw*>(x + (q * H + h0) * s.W);
-      T* dst = stages + stage * stage_elems + V;
-      for (int i = lane; i < n; i += 32) {
-        const int r = static_cast<int>(vec_div.div(static_cast<uint32_t>(i)));
-        cp_async16(dst + r * SW + (i - r * row_vecs) * V, src + i);
-      }
-    }
-    cp_async_commit();
-  };
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp, stride = static_cast<int64_t>(gridDim.x) * kWarps;
-#pragma unroll
-  for (int k = 0; k < kPadWarpStages - 1; ++k) load(k, first + k * stride);
-  int stage = 0;
-  for (int64_t u = first; u < units; u += stride) {
-    load((stage + kPadWarpStages - 1) % kPadWarpStages, u + (kPadWarpStages - 1) * stride);
-    cp_async_wait<kPadWarpStages - 1>();
-    __syncwarp();
-    const int64_t q = u / blocks, nc = q / D;
-    const int d = static_cast<int>(q - nc * D), h0 = static_cast<int>(u - q * blocks) * rb, nr = min(rb, H - h0);
-    T* const st = stages + stage * stage_elems;
-    if (halo) {
-      for (int i = lane; i < nr * (wl + wr); i += 32) {
-        const int r = i / (wl + wr), k = i - r * (wl + wr);
-        T* row = st + r * SW;
-        if (k < wl) row[V - 1 - k] = row[V];
-        else row[V + W + (k - wl)] = row[V + W - 1];
-      }
-      __syncwarp();
-    }
-    const int dlo = d == 0 ? 0 : d + s.fd, dhi = d == D - 1 ? Dp : d + s.fd + 1;
-    const int hlo = h0 == 0 ? 0 : h0 + s.ht, hhi = h0 + nr == H ? Hp : h0 + nr + s.ht;
-    const float4 k = coef[nc];
-    const float pc = pw_channel<false, Pw>(pw, nc % s.C);
-    for (int dp = dlo; dp < dhi; ++dp) {
-      const int sd = src_index<Replicate>(dp, s.fd, D);
-      for (int hp = hlo; hp < hhi; ++hp) {
-        T* orow = out + ((nc * Dp + dp) * Hp + hp) * s.Wp;
-        const int sh = src_index<Replicate>(hp, s.ht, H);
-        if (sd < 0 || sh < 0) {
-          warp_store_run(orow, Wp, lane, [&](int) { return cval; });
-          continue;
-        }
-        store_staged_row<T, Pw, Replicate>(orow, st + (sh - h0) * SW, lane, W, Wp, wl, halo, cval, k, pc);
-      }
-    }
-    __syncwarp();  // the stage is free for the copies issued at the top of the next trip
-    stage = (stage + 1) % kPadWarpStages;
   }
   cp_async_wait<0>();
 }
@@ -428,16 +341,6 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
     case PadKernel::kTiles: {  // persistent CTAs, as many per SM as the stages' shared memory allows (at most 8)
       if ((s.W * esize) % 16 != 0 || s.W * esize > kPadTileBytes || (reinterpret_cast<uintptr_t>(x) & 15) != 0)
         return cudaErrorInvalidValue;
-      if (plan.rows_per_warp > 0) {  // probe: warp units of rows_per_warp KiB
-        rb = static_cast<int>(std::max<int64_t>(1, plan.rows_per_warp * 1024 / (s.W * esize)));
-        blocks = static_cast<int>((s.H + rb - 1) / rb);
-        units = s.NC * s.D * blocks;
-        stage_elems = static_cast<int>(rb * pad_tile_row(s.W, 16 / esize));
-        smem = static_cast<size_t>(8 * (kPadWarpStages * stage_elems * esize + 16));
-        const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(8, (224 * 1024) / static_cast<int64_t>(smem + 1024)));
-        grid = dim3(static_cast<unsigned>(std::min<int64_t>((units + 7) / 8, per_sm * sm_count)));
-        break;
-      }
       rb = static_cast<int>(kPadTileBytes / (s.W * esize));
       blocks = static_cast<int>((s.H + rb - 1) / rb);
       units = s.NC * s.D * blocks;
@@ -479,9 +382,6 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
             return launch_dependent(kernel, grid, dim3(kPadThreads), smem, stream, xt, ot, k, s, pw, value,
                                     FastDivmod(static_cast<uint32_t>(s.W * esize / 16)), stage_elems, rb, blocks, units);
           };
-          if (plan.rows_per_warp > 0)
-            return replicate ? go(affine_pad_warp_tile_kernel<T, P, true>, PadWarpTileTag<T, P, true>{})
-                             : go(affine_pad_warp_tile_kernel<T, P, false>, PadWarpTileTag<T, P, false>{});
           return replicate ? go(affine_pad_tile_kernel<T, P, true>, PadTileTag<T, P, true>{})
                            : go(affine_pad_tile_kernel<T, P, false>, PadTileTag<T, P, false>{});
         }
