@@ -172,7 +172,7 @@ def test_rows_kernel(dtype, mode, shape, pad, rows_per_warp, tuning):
     ((3, 4, 1, 1, 16), (1, 1, 1, 1, 1, 1)),      # one source row per (n, c)
     ((1, 4, 2, 6, 256), (6, 1, 0, 0, 0, 0)),     # a left pad wider than a float32 vector (its halo not staged)
 ])
-@pytest.mark.parametrize("tile", [0, 2, 4])
+@pytest.mark.parametrize("tile", [0, 2])
 def test_tile_kernel(dtype, mode, shape, pad, tile, tuning):
     """Source rows staged in shared memory by cp.async (GNEXT_PAD_TILE=2: wherever the rows are 16-byte multiples
     of at most a stage), against the row and flat kernels (GNEXT_PAD_TILE=0), both against float64."""
@@ -188,10 +188,9 @@ def test_tile_kernel_matches_rows(tuning):
     w, b = torch.randn(32, device="cuda"), torch.randn(32, device="cuda")
     tuning.set("GNEXT_PAD_TILE", 0)
     ref = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
-    for tile in (1, 3):
-        tuning.set("GNEXT_PAD_TILE", tile)
-        out = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
-        assert torch.equal(out, ref), tile
+    tuning.set("GNEXT_PAD_TILE", 1)
+    out = ge.group_norm_act_pad(x, 8, w, b, 1e-5, "silu", (1, 1, 1, 1, 2, 0))
+    assert torch.equal(out, ref)
 
 
 @pytest.mark.gpu

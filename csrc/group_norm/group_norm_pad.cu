@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "group_norm_bulk.cuh"  // mbarriers, bulk copies
 #include "group_norm_dispatch.cuh"
 #include "group_norm_kernels.cuh"
 
@@ -222,13 +221,13 @@ __global__ void __launch_bounds__(kPadThreads)
 // the halo one element at a time. The unit of the first (last) source frame or row also writes the rows before
 // (after) it.
 constexpr int kPadTileStages = 3;
-template <typename T, int Pw, bool Replicate, bool Bulk>
+template <typename T, int Pw, bool Replicate>
 struct PadTileTag {};  // raise_smem_limit's per-kernel tag
 
 // Elements per staged row: the row and V slots on either side.
 constexpr int64_t pad_tile_row(int64_t W, int64_t V) { return W + 2 * V; }
 
-template <typename T, int Pw, bool Replicate, bool Bulk>
+template <typename T, int Pw, bool Replicate>
 __global__ void __launch_bounds__(kPadThreads)
     affine_pad_tile_kernel(const T* __restrict__ x, T* __restrict__ out, const float4* __restrict__ coef,
                            PadShape s, PwArgs pw, float value, FastDivmod vec_div, int stage_elems, int rb, int blocks,
@@ -244,56 +243,27 @@ __global__ void __launch_bounds__(kPadThreads)
   const int wl = s.wl, wr = Wp - W - wl, SW = static_cast<int>(pad_tile_row(W, V)), row_vecs = W / V;
   const bool halo = Replicate && wl <= V && wr <= V;  // the staged rows carry their halo
   const T cval = static_cast<T>(value);
-  // Bulk: each stage's rows copied by thread 0 (one bulk copy per row), completing on the stage's mbarrier.
-  uint64_t* const full = reinterpret_cast<uint64_t*>(pad_smem + kPadTileStages * stage_elems * sizeof(T) + 16);
-  [[maybe_unused]] uint64_t pol = 0;
-  if constexpr (Bulk) {
-    if (threadIdx.x == 0) {
-      for (int k = 0; k < kPadTileStages; ++k) mbar_init(&full[k], 1);
-#ifdef GNEXT_BULK_SM90
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-    }
-    pol = l2_policy_evict_first();
-    __syncthreads();
-  }
   auto load = [&](int stage, int64_t u) {
     if (u < units) {
       const int64_t q = u / blocks;  // q = nc * D + d
-      const int h0 = static_cast<int>(u - q * blocks) * rb, nr = min(rb, H - h0), n = nr * row_vecs;
+      const int h0 = static_cast<int>(u - q * blocks) * rb, n = min(rb, H - h0) * row_vecs;
       const Raw* src = reinterpret_cast<const Raw*>(x + (q * H + h0) * s.W);
       T* dst = stages + stage * stage_elems + V;
-      if constexpr (Bulk) {
-        if (threadIdx.x == 0) {
-          const uint32_t bytes = static_cast<uint32_t>(W * sizeof(T));
-#ifdef GNEXT_BULK_SM90
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stage's last reads before the copies
-#endif
-          mbar_expect_tx(&full[stage], bytes * nr);
-          for (int r = 0; r < nr; ++r) bulk_copy_tx(dst + r * SW, src + r * row_vecs, bytes, &full[stage], pol);
-        }
-      } else {
-        for (int i = threadIdx.x; i < n; i += kPadThreads) {
-          const int r = static_cast<int>(vec_div.div(static_cast<uint32_t>(i)));
-          cp_async16(dst + r * SW + (i - r * row_vecs) * V, src + i);
-        }
+      for (int i = threadIdx.x; i < n; i += kPadThreads) {
+        const int r = static_cast<int>(vec_div.div(static_cast<uint32_t>(i)));
+        cp_async16(dst + r * SW + (i - r * row_vecs) * V, src + i);
       }
     }
-    if constexpr (!Bulk) cp_async_commit();
+    cp_async_commit();
   };
   const int64_t stride = gridDim.x;
 #pragma unroll
   for (int k = 0; k < kPadTileStages - 1; ++k) load(k, blockIdx.x + k * stride);
   int stage = 0;
-  uint32_t trip = 0;
-  for (int64_t u = blockIdx.x; u < units; u += stride, ++trip) {
+  for (int64_t u = blockIdx.x; u < units; u += stride) {
     load((stage + kPadTileStages - 1) % kPadTileStages, u + (kPadTileStages - 1) * stride);
-    if constexpr (Bulk) {
-      mbar_wait(&full[stage], (trip / kPadTileStages) & 1);
-    } else {
-      cp_async_wait<kPadTileStages - 1>();
-      __syncthreads();
-    }
+    cp_async_wait<kPadTileStages - 1>();
+    __syncthreads();
     const int64_t q = u / blocks, nc = q / D;
     const int d = static_cast<int>(q - nc * D), h0 = static_cast<int>(u - q * blocks) * rb, nr = min(rb, H - h0);
     T* const st = stages + stage * stage_elems;
@@ -350,7 +320,7 @@ __global__ void __launch_bounds__(kPadThreads)
     __syncthreads();  // the stage is free for the copies issued at the top of the next trip
     stage = (stage + 1) % kPadTileStages;
   }
-  if constexpr (!Bulk) cp_async_wait<0>();
+  cp_async_wait<0>();
 }
 
 }  // namespace
@@ -375,9 +345,8 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
       blocks = static_cast<int>((s.H + rb - 1) / rb);
       units = s.NC * s.D * blocks;
       stage_elems = static_cast<int>(rb * pad_tile_row(s.W, 16 / esize));
-      // One vector of slack: a window's second load may pass the last staged row's slots. Then the bulk
-      // variant's mbarriers.
-      smem = static_cast<size_t>(kPadTileStages * stage_elems * esize + 16 + 8 * kPadTileStages);
+      // One vector of slack: a window's second load may pass the last staged row's slots.
+      smem = static_cast<size_t>(kPadTileStages * stage_elems * esize + 16);
       const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(8, (224 * 1024) / static_cast<int64_t>(smem + 1024)));
       grid = dim3(static_cast<unsigned>(std::min<int64_t>(units, per_sm * sm_count)));
       break;
@@ -413,11 +382,8 @@ cudaError_t launch_affine_pad(ScalarKind t, const PadShape& s, const void* x, vo
             return launch_dependent(kernel, grid, dim3(kPadThreads), smem, stream, xt, ot, k, s, pw, value,
                                     FastDivmod(static_cast<uint32_t>(s.W * esize / 16)), stage_elems, rb, blocks, units);
           };
-          if (plan.rows_per_warp == 1)  // probe: bulk copies
-            return replicate ? go(affine_pad_tile_kernel<T, P, true, true>, PadTileTag<T, P, true, true>{})
-                             : go(affine_pad_tile_kernel<T, P, false, true>, PadTileTag<T, P, false, true>{});
-          return replicate ? go(affine_pad_tile_kernel<T, P, true, false>, PadTileTag<T, P, true, false>{})
-                           : go(affine_pad_tile_kernel<T, P, false, false>, PadTileTag<T, P, false, false>{});
+          return replicate ? go(affine_pad_tile_kernel<T, P, true>, PadTileTag<T, P, true>{})
+                           : go(affine_pad_tile_kernel<T, P, false>, PadTileTag<T, P, false>{});
         }
         if (plan.kernel == PadKernel::kRows) {
           auto go = [&](auto kernel) {

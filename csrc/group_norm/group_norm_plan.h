@@ -91,8 +91,7 @@ constexpr int64_t kPadTileMinW = 256;
 constexpr int64_t kPadRowsMinW = 256;
 inline PadPlan pad_plan(int64_t W, int64_t esize, bool aligned, const Tuning& t) {
   const bool rows16 = aligned && (W * esize) % 16 == 0 && W * esize <= kPadTileBytes;
-  if (t.pad_tile != 0 && rows16 && (t.pad_tile % 2 == 0 || W >= kPadTileMinW))
-    return {PadKernel::kTiles, t.pad_tile >= 3 ? 1 : 0};  // probe: 3 / 4 bulk copies
+  if (t.pad_tile != 0 && rows16 && (t.pad_tile == 2 || W >= kPadTileMinW)) return {PadKernel::kTiles, 0};
   if (W >= kPadRowsMinW) return {PadKernel::kRows, t.pad_rows == 1 ? 1 : 2};
   return {PadKernel::kFlat, 0};
 }

@@ -82,7 +82,7 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # after a rewritten chain left to Inductor (the pass's group_norm_act_pad off).
 EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
                   "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd", "compile+fusion-nopad",
-                  "compile+fusion-nomove", "compile+fusion-noshare", "compile+fusion-bulktile")
+                  "compile+fusion-nomove", "compile+fusion-noshare")
 
 
 def image(size, n):
@@ -286,8 +286,7 @@ PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("co
          ("compile+fusion", "compile+fusion-nobias"), ("compile+fusion-autograd", "compile"),
          ("compile+fusion", "compile+fusion-autograd"), ("compile+fusion-nopad", "compile"),
          ("compile+fusion", "compile+fusion-nopad"), ("compile+fusion-nomove", "compile"),
-         ("compile+fusion", "compile+fusion-nomove"), ("compile+fusion", "compile+fusion-noshare"),
-         ("compile+fusion-bulktile", "compile"), ("compile+fusion-bulktile", "compile+fusion"))
+         ("compile+fusion", "compile+fusion-nomove"), ("compile+fusion", "compile+fusion-noshare"))
 
 
 def paired(times):
@@ -402,9 +401,6 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
         if v == "compile+fusion":
             for k in ("input_bias", "no_autograd", "pad", "modulate", "unmatched", "gather", "zero_pad"):
                 info[f"fusion_{k}"] = compile_fusion.compile_fusion_stats[k] - before[k]
-    if "compile+fusion-bulktile" in variants:  # probe: compile + fusion's graphs, the tile kernel's rows by bulk copies
-        fns["compile+fusion-bulktile"] = with_tuning(fns["compile+fusion"], GNEXT_PAD_TILE=3)
-        outs["compile+fusion-bulktile"] = fns["compile+fusion-bulktile"]()
 
     def timed(v, n):
         with aten_on[v]():
@@ -463,8 +459,7 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "compile+fusion-nopad": "compile + fusion, pads left to Inductor ms (x)",
           "compile+fusion-nomove": "compile + fusion, no data-movement rules ms (x)",
           "compile+fusion-noshare": "compile + fusion, a convolution's bias moved only where the GroupNorm is its one "
-                                    "reader ms (x)",
-          "compile+fusion-bulktile": "compile + fusion, padded pass loading by bulk copies ms (x)"}
+                                    "reader ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
