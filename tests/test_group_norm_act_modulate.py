@@ -214,10 +214,33 @@ def test_opcheck(device):
     small = (s[..., :2].contiguous(), t[..., :2].contiguous())
     torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w, b, 1e-5, small[0].requires_grad_(), small[1], "gelu"))
     torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w, b, 1e-5, s, t, "silu", b.clone().requires_grad_()))
+    # 5-D, smaller scale and shift with gradients: their adjoint under symbolic sizes (aot_dispatch_dynamic)
+    x5 = (torch.randn(2, 8, 3, 4, 8, generator=gen) + 1).to(device)
+    s5, t5 = (torch.randn(2, 8, 3, 2, 2, generator=gen).to(device) for _ in range(2))
+    torch.library.opcheck(op, (x5.clone().requires_grad_(), 4, w, b, 1e-5, s5.clone().requires_grad_(),
+                               t5.clone().requires_grad_(), "silu"))
     into = torch.ops.gnext.group_norm_act_modulate_into.default
     torch.library.opcheck(into, (x, 4, w, b, 1e-5, small[0].detach(), small[1], "silu",
                                  torch.empty(2, 8, 4, 5, device=device)[:, :, 1:], b),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_scale_gradient_sums_match_aten(device, dtype):
+    """The adjoint of the upsampling: power-of-two factors summed by blocks of a reshape equal ATen's
+    upsample_nearest backward (sums of 1 to 64 elements); other factors take ATen's."""
+    from groupnorm_ext.ops.group_norm_act_modulate import downsample_grad
+
+    gen = torch.Generator().manual_seed(41)
+    for big, small in (((2, 3, 5, 32, 64), (2, 3, 5, 4, 8)), ((2, 3, 5, 16, 6), (2, 3, 5, 2, 6)),
+                       ((1, 2, 24, 40), (1, 2, 3, 1)), ((1, 2, 3, 12, 20), (1, 2, 3, 5, 4))):
+        g = torch.randn(big, generator=gen).to(device, dtype)
+        t = torch.empty(small, device=device, dtype=dtype)
+        fn = torch.ops.aten.upsample_nearest3d_backward if len(big) == 5 else torch.ops.aten.upsample_nearest2d_backward
+        want = fn(g.float(), list(big[2:]), list(small))
+        torch.testing.assert_close(downsample_grad(g, t).float(), want, **({} if dtype == torch.float32 else
+                                                                         dict(rtol=1e-2, atol=1e-2)))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,7 +8,7 @@ statistics pass, then one pass that reads x, scale and shift and writes out) in 
 The backward recomputes n = GroupNorm(x + input_bias) from mean/rstd, takes dy' = dy * act'(n * scale + shift),
 returns dscale = dy' * n and dshift = dy', and runs GroupNorm's backward on dy' * scale (input_bias's gradient: the
 input's, summed per channel); smaller scale and shift are upsampled for it, and their gradients summed back over
-each source element (the adjoint of the upsampling, ATen's upsample_nearest backward)."""
+each source element (the adjoint of the upsampling: downsample_grad)."""
 from __future__ import annotations
 
 import math
@@ -54,10 +54,24 @@ def upsample(t, input):
     return t if t.shape == input.shape else F.interpolate(t, size=input.shape[2:], mode="nearest")
 
 
+def _pow2_factor(big, small):
+    """big / small where it is a power of two (then F.interpolate's nearest source of output i, floor(i * (float)small
+    / big), is exactly i // factor), else None."""
+    f = big // small
+    return f if f * small == big and f & (f - 1) == 0 else None
+
+
 def downsample_grad(g, t):
-    """The adjoint of upsample(t, g): g summed over the elements that read each element of t."""
+    """The adjoint of upsample(t, g): g summed over the elements that read each element of t. Power-of-two factors
+    (the latents' 2x, 4x, 8x) sum blocks of a reshape; others take ATen's upsample_nearest backward, which for a 5-D
+    g with symbolic sizes fails PyTorch's own IntList assert (compiled with dynamic shapes)."""
     if g is None or g.shape == t.shape:
         return g
+    (h, w), (H, W) = t.shape[-2:], g.shape[-2:]
+    fh, fw = _pow2_factor(H, h), _pow2_factor(W, w)
+    if fh is not None and fw is not None:
+        d = g.dim()
+        return g.reshape(*g.shape[:-2], h, fh, w, fw).sum((d - 1, d + 1)).to(t.dtype)
     fn = torch.ops.aten.upsample_nearest3d_backward if t.dim() == 5 else torch.ops.aten.upsample_nearest2d_backward
     return fn(g, list(g.shape[2:]), list(t.shape)).to(t.dtype)
 
