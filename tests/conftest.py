@@ -2,6 +2,8 @@
 """Shared helpers: devices, float64 references, output poisoning, tolerances."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -16,6 +18,14 @@ FWD_TOL = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 BWD_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 # Elementwise |out - ref| <= ATOL * max|ref| on top of the norm bound.
 ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads, not all of them
+    (n workers x all cores oversubscribed the device hosts: their CPU-heavy tests ran several times slower)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
 def pytest_collection_modifyitems(config, items):

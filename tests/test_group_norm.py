@@ -438,7 +438,7 @@ def test_gpu_wide_forward_is_taken_and_deterministic(tuning):
     """The default rule takes the wide kernel for 33.6 MB groups (a 1x128x2048x2048 bf16 map) where persistent
     kernels pay (H100; not on the H200, where GNEXT_WIDE=2 forces it for the rest); its result is bitwise the
     same from run to run and matches the two-pass kernels."""
-    x = rand_input((1, 128, 2048, 2048), torch.bfloat16, "cuda")
+    x = (torch.randn((1, 128, 2048, 2048), device="cuda") * 3 + 2).to(torch.bfloat16)  # rand_input's, made on the GPU
     w = torch.rand(128, device="cuda") + 0.5
     b = torch.randn(128, device="cuda")
     names = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, w, b, 1e-5))
@@ -461,7 +461,7 @@ def test_gpu_wide_forward_rule_for_epilogues(tuning):
     balance to the two-pass kernels); 4.2 MB groups do not. Where persistent kernels do not pay (H200) none of them
     takes it."""
     tuning.set("GNEXT_BULK", "0")
-    x = rand_input((1, 256, 1024, 1024), torch.bfloat16, "cuda")
+    x = (torch.randn((1, 256, 1024, 1024), device="cuda") * 3 + 2).to(torch.bfloat16)
     plain = _cuda_kernels(lambda: torch.ops.gnext.group_norm(x, 32, None, None, 1e-5))
     act = _cuda_kernels(lambda: torch.ops.gnext.group_norm_act(x, 32, None, None, 1e-5, "silu", None))
     if not _persistent_kernels_pay():
