@@ -7,7 +7,8 @@
 #   bash scripts/dev/device_run.sh [bench args...]
 #   STEPS="deps build smoke aten bench test kb fused act sanitize ncu host models shapes kernels plan dist" BUDGET_S=580 \
 #     bash scripts/dev/device_run.sh
-# test runs pytest with PYTEST_N xdist workers (default 8; 0: none). aten: tests/test_aten_kernels.py.
+# test runs pytest with PYTEST_N xdist workers (default 8; 0: none), on TEST_SHARD=i/k's files if given (the files
+# i, i + k, ... of tests/test_*.py sorted). aten: tests/test_aten_kernels.py.
 # models: ROWS (default all), VARIANTS (default all) and MODELS_NAME (output name) of the real-model benchmark (FUSION_WHEN=always: the compile + fusion variant rewrites training graphs too); shapes: SHARD (default 0/1) of the randomized shape sweep with the GN+SiLU peers
 # (.peers/ from scripts/dev/fetch_peers.sh carried along); kernels: per-kernel times
 # (scripts/dev/profile_kernels.py); plan: the device as the planner sees it and a few plans. MATCH:
@@ -58,9 +59,15 @@ if has test; then
   t0=$SECONDS
   nproc_args=()
   [ "${PYTEST_N:-8}" != 0 ] && python3 -c "import xdist" 2> /dev/null && nproc_args=(-n "${PYTEST_N:-8}")
+  # TEST_SHARD=i/k: the test files i, i + k, ... of the sorted list (the whole suite did not fit one call's limit
+  # on the H200 with 14 workers: two calls with shards 0/2 and 1/2 cover it).
+  test_files=(tests)
+  if [ -n "${TEST_SHARD:-}" ]; then
+    mapfile -t test_files < <(ls tests/test_*.py | sort | awk -v i="${TEST_SHARD%/*}" -v k="${TEST_SHARD#*/}" '(NR - 1) % k == i')
+  fi
   # SIGINT at the limit: pytest then still prints its summary (failures, counts) and the slowest tests.
   timeout -s INT -k 20 $(( $(left) - 40 )) python3 -m pytest -q --maxfail=5 --durations=30 -p no:cacheprovider \
-    "${nproc_args[@]}" tests > "$OUT/pytest.log" 2>&1
+    "${nproc_args[@]}" "${test_files[@]}" > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$? ($((SECONDS - t0)) s): $(tail -1 "$OUT/pytest.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 fi
