@@ -59,6 +59,14 @@ STABLE_TORCH_LIBRARY(gnext, m) {
   def_twice(
       "group_norm_act_modulate", "(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps, Tensor scale,"
       " Tensor shift, str activation, Tensor? input_bias=None) -> (Tensor out, Tensor mean, Tensor rstd)");
+  // group_norm_act_modulate's out y of a 5-D input behind `frames` frames along dim 2: torch.cat([cache, y], 2), or
+  // without a cache torch.cat([y[:, :, :1]] * frames + [y], 2) (the input of a causal convolution that concatenates
+  // its cached frames, or copies of the first, before its input: CogVideoX's). cache (N, C, frames, H, W) of input's
+  // dtype or None. Contiguous out (N, C, frames + T, H, W); mean/rstd (N, G) float32, of input + input_bias.
+  def_twice(
+      "group_norm_act_modulate_cat", "(Tensor input, int num_groups, Tensor? weight, Tensor? bias, float eps,"
+      " Tensor scale, Tensor shift, str activation, int frames, Tensor? cache, Tensor? input_bias=None)"
+      " -> (Tensor out, Tensor mean, Tensor rstd)");
   // The same written into out (input's shape and dtype, each (n, c) plane contiguous: e.g. the frames after the
   // cached ones in a causal convolution's input buffer). Not differentiable; mean/rstd (N, G) float32.
   m.def(

@@ -13,7 +13,8 @@ Importing this package loads the compiled library, which registers
 * ``torch.ops.gnext.group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation,
   input_bias=None)``: ``act(GroupNorm(input + input_bias[c]) * scale + shift)`` with tensor scale and shift, full
   size or of smaller (h, w) read by nearest upsampling (a spatially conditioned norm);
-  ``group_norm_act_modulate_into(..., out)`` writes it into ``out``
+  ``group_norm_act_modulate_into(..., out)`` writes it into ``out``; ``group_norm_act_modulate_cat(..., frames,
+  cache)`` returns it behind ``frames`` frames along dim 2 (the cache, or copies of its first frame)
 * ``torch.ops.gnext.group_norm_act_logsumexp(input, input_bias, num_groups, weight, bias, eps, activation,
   residual)`` and its backward (KernelBench L2#92 after the conv)
 

@@ -75,7 +75,8 @@ _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "group
 # A graph that Inductor takes from its caches (FX graph, AOTAutograd) is not passed through the pass
 # again, so its rewrites are not counted: count with the caches off (config force_disable_caches).
 # "no_autograd": gnext calls of post-grad graphs retargeted to the op's twin without an Autograd kernel. "pad": chains
-# (counted in "group_norm_act" too) that write their F.pad's padded output. "unmatched": GroupNorm calls that start no
+# (counted in "group_norm_act" too) that write their F.pad's padded output, or (modulated chains) their torch.cat along
+# time behind a causal convolution's front frames. "unmatched": GroupNorm calls that start no
 # chain the pass fuses (followed by something other than an activation, or read twice); where a graph has such calls
 # and nothing rewritten or left by the rule, each reason is logged once as a warning.
 # "modulate": modulated chains (counted in "group_norm_act" too) rewritten to group_norm_act_modulate.
@@ -478,6 +479,52 @@ def _modulation(gn: torch.fx.Node, xm: torch.Tensor):
     return chain, scale, shift, act, parts[0], parts[1], dead
 
 
+def _first_frame(node: torch.fx.Node, y: torch.fx.Node) -> bool:
+    """node is y[:, :, :1] (or y[:, :, 0:1])."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2 \
+            or node.args[0] is not y or not isinstance(node.args[1], tuple) or len(node.args[1]) != 3:
+        return False
+    every, t = slice(None, None, None), node.args[1][2]
+    return node.args[1][:2] == (every, every) and isinstance(t, slice) and t.start in (None, 0) and t.stop == 1 \
+        and t.step in (None, 1)
+
+
+def _take_cat(last: torch.fx.Node, xm: torch.Tensor):
+    """Where the modulated chain's output y (its last node `last`, then dropouts that return their input) is read
+    only by one torch.cat along dim 2 of [cache, y] or of [y[:, :, :1]] * k + [y], those slices of y read only by
+    it (CogVideoXCausalConv3d's input, its cached frames or copies of the first before x): (the nodes after
+    `last`, the cat last; the number of front frames; cache or None), which group_norm_act_modulate_cat computes:
+    the chain then writes its frames into the concatenation instead of a full-size output that Inductor copies
+    there. Else None."""
+    nodes, y = [], last
+    while len(y.users) == 1 and _identity_dropout(node := next(iter(y.users))) and node.args and node.args[0] is y:
+        nodes.append(node)
+        y = node
+    cats = [u for u in y.users if u.op == "call_function" and u.target is torch.cat]
+    if len(cats) != 1:
+        return None
+    cat = cats[0]
+    tensors = cat.args[0] if cat.args else cat.kwargs.get("tensors")
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or len(tensors) < 2 or tensors[-1] is not y \
+            or any(t is y for t in tensors[:-1]) or dim not in (2, -3) or len(xm.shape) != 5:
+        return None
+    front, others = list(tensors[:-1]), [u for u in y.users if u is not cat]
+    cm = _meta(cat)
+    if cm is None or cm.dtype != xm.dtype or cm.device != xm.device:
+        return None
+    if len(front) == 1 and not others and not _first_frame(front[0], y):  # [cache, y]
+        fm = _meta(front[0])
+        if fm is None or fm.dtype != xm.dtype or fm.device != xm.device \
+                or tuple(fm.shape) != (*xm.shape[:2], fm.shape[2], *xm.shape[3:]):
+            return None
+        return nodes + [cat], fm.shape[2], front[0]
+    first = front[0]
+    if others != [first] or any(t is not first for t in front) or len(first.users) != 1 or not _first_frame(first, y):
+        return None
+    return nodes + [first, cat], len(front), None
+
+
 def _shrink_modulation(scale, shift, parts, hw, dead) -> None:
     """Makes z's interpolate calls keep the source's (h, w), so that the convolutions scale and shift run at it: the
     dead readers of z erased, the sizes and the example values set."""
@@ -583,9 +630,10 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
             left[why] = left.get(why, 0) + 1
             compile_fusion_stats["left"] += 1
             continue
-        residual = padded = None
+        residual = padded = cat = None
         if modulated is not None:
             mod_chain, scale, shift, mod_act, parts, hw, dead = modulated
+            cat = _take_cat(mod_chain[-1], xm)
             _shrink_modulation(scale, shift, parts, hw, dead)
         else:
             last = act_node
@@ -598,14 +646,17 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
                     last, residual = add, other
             padded = _take_pad(act_node, xm) if residual is None else None
         if modulated is not None:
-            chain = (gn, *mod_chain)
+            chain = (gn, *mod_chain, *(cat[0] if cat is not None else ()))
         elif padded is not None:
             chain = (gn, act_node, *padded[0])
         else:
             chain = (gn, act_node) if residual is None else (gn, act_node, last)
         input_bias = _take_conv_bias(x, xm, chain)
         op_args: tuple
-        if modulated is not None:
+        if cat is not None:
+            op, op_args = torch.ops.gnext.group_norm_act_modulate_cat.default, \
+                (x, groups, weight, bias, float(eps), scale, shift, mod_act, int(cat[1]), cat[2], input_bias)
+        elif modulated is not None:
             op, op_args = torch.ops.gnext.group_norm_act_modulate.default, \
                 (x, groups, weight, bias, float(eps), scale, shift, mod_act, input_bias)
         elif padded is not None:
@@ -619,7 +670,7 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
         count += 1
         compile_fusion_stats["group_norm_act"] += 1
         compile_fusion_stats["modulate"] += modulated is not None
-        compile_fusion_stats["pad"] += padded is not None
+        compile_fusion_stats["pad"] += padded is not None or cat is not None
         compile_fusion_stats["residual"] += residual is not None
         compile_fusion_stats["input_bias"] += input_bias is not None
     if left:

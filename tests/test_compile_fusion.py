@@ -437,6 +437,44 @@ def test_modulated_norm_training(device, fusion):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_modulated_norms_into_causal_concatenations(device):
+    """A modulated chain whose output (through eval dropouts) goes only into torch.cat along time behind copies of
+    its first frame or behind a cache (CogVideoXCausalConv3d's input) becomes one group_norm_act_modulate_cat: no
+    full-size output for Inductor to copy into the concatenation. Left as group_norm_act_modulate + cat: the output
+    first in the cat, another dim, another slice than the first frame, the output read elsewhere too. Same values
+    as eager."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n = SpatialNorm()
+
+        def forward(self, x, z, cache):
+            y = F.dropout(self.n(x, z), 0.0, False)
+            first = y[:, :, :1]
+            out = [torch.cat([first, first, y], dim=2)]                        # copies of the first frame
+            out.append(torch.cat([cache, self.n(x, z)], dim=2))                # a cache
+            out.append(torch.cat([self.n(x, z), cache], dim=2))                # output first: kept
+            out.append(torch.cat([x, self.n(x, z)], dim=1))                    # along C: kept
+            y = self.n(x, z)
+            out.append(torch.cat([y[:, :, 1:2], y], dim=2))                    # not the first frame: kept
+            y = self.n(x, z)
+            out += [torch.cat([cache, y], dim=2), y]                           # y read elsewhere: kept
+            return out
+
+    x, z = rand_input((1, 16, 5, 8, 6), torch.float32, device), rand_input((1, 4, 3, 4, 3), torch.float32, device)
+    cache = rand_input((1, 16, 2, 8, 6), torch.float32, device)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        out, ref, stats, graph = _rewritten(perturb_params(M()).to(device), x, z, cache)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+    assert stats["modulate"] == 6 and stats["pad"] == 2, stats
+    cats = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act_modulate_cat.default]
+    assert [(n.args[8], n.args[9] is None) for n in cats] == [(2, True), (2, False)]
+    assert sum(n.target is torch.cat for n in graph.nodes) == 4 + 6  # the 4 kept, and the spatial norms' latents
+
+
 def test_cogvideox_decoder_modulated_norms():
     """diffusers' CogVideoX decoder (small widths): every spatial norm above the latents' resolution is rewritten
     (22 of 37 here; the 12 at the latents' own size and the 3 whose input is the upsampler's strided output stay
@@ -457,6 +495,14 @@ def test_cogvideox_decoder_modulated_norms():
     out, ref, stats, graph = _rewritten(Decode(), rand_input((1, 16, 3, 8, 8), torch.float32, "cpu"))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert stats["modulate"] == 22 and stats["unmatched"] == 15, stats
+    # each writes its causal convolution's input, behind 2 copies of its first frame (one batch of latent frames)
+    assert stats["pad"] == 22, stats
+    # 5 latent frames: two batches, the second's convolutions concatenating the first's cached frames
+    out, ref, stats, graph = _rewritten(Decode(), rand_input((1, 16, 5, 8, 8), torch.float32, "cpu"))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    cats = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act_modulate_cat.default]
+    assert stats["pad"] == stats["modulate"] == len(cats) == 44, stats
+    assert sum(n.args[9] is None for n in cats) == 22
 
 
 def test_padded_outputs():

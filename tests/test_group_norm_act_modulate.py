@@ -225,6 +225,102 @@ def test_opcheck(device):
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
+def _cat_ref(y, k, cache):
+    front = cache if cache is not None else y[:, :, :1].expand(-1, -1, k, -1, -1)
+    return torch.cat([front, y], dim=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("cached", [False, True], ids=["first", "cache"])
+@pytest.mark.parametrize("small", [False, True], ids=["full", "small"])
+def test_cat_matches_float64_reference(device, dtype, cached, small):
+    """group_norm_act_modulate_cat = torch.cat([cache or k copies of the first frame, y], 2) of the modulated norm y
+    (a causal convolution's input), forward and gradients (input, scale, shift, weight, bias, input_bias, cache)
+    against float64; its frames after the front ones bitwise group_norm_act_modulate's output."""
+    gen = torch.Generator().manual_seed(31)
+    N, C, T, H, W, k, G = 2, 8, 5, 6, 10, 2, 4
+    x = (torch.randn(N, C, T, H, W, generator=gen, dtype=torch.float64) * 3 + 2).to(device, dtype)
+    sshape = (N, C, T, 3, 4) if small else x.shape
+    sc = (torch.randn(sshape, generator=gen, dtype=torch.float64) * 0.5 + 1).to(device, dtype)
+    sh = (torch.randn(sshape, generator=gen, dtype=torch.float64) - 0.5).to(device, dtype)
+    w = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5 + 1).to(device, dtype)
+    b = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(device, dtype)
+    ib = (torch.randn(C, generator=gen, dtype=torch.float64) * 3).to(device, torch.float32)
+    cache = torch.randn(N, C, k, H, W, generator=gen, dtype=torch.float64).to(device, dtype) if cached else None
+    view = (1, C, 1, 1, 1)
+    n_ref, _, _ = reference(x.double() + ib.double().view(view), G, w, b, 1e-5)
+    ref = _cat_ref(act_ref(n_ref * _up(sc.double(), x) + _up(sh.double(), x), "silu"), k,
+                   None if cache is None else cache.double())
+    poison(device, ref.numel() * 4)
+    leaves = [v.detach().clone().requires_grad_() for v in (x, sc, sh, w, b, ib)]
+    cr = cache.detach().clone().requires_grad_() if cached else None
+    out, mean, rstd = torch.ops.gnext.group_norm_act_modulate_cat(*leaves[:1], G, *leaves[3:5], 1e-5, *leaves[1:3],
+                                                                  "silu", k, cr, leaves[5])
+    assert out.shape == (N, C, k + T, H, W) and out.dtype == dtype and out.is_contiguous() and mean.shape == (N, G)
+    assert_close_to_ref(out.detach(), ref, dtype, FWD_TOL)
+    y = ge.group_norm_act_modulate(x, G, sc, sh, w, b, 1e-5, "silu", input_bias=ib)
+    torch.testing.assert_close(out.detach()[:, :, k:], y, rtol=0, atol=0)
+    dy = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device)
+    out.backward(dy.to(dtype))
+    xd, sd, td, wd, bd, ibd = (v.detach().double().requires_grad_() for v in (x, sc, sh, w, b, ib))
+    cd = cache.detach().double().requires_grad_() if cached else None
+    y_d = act_ref(gn_decomposed(xd + ibd.view(view), G, wd, bd) * _up(sd, xd) + _up(td, xd), "silu")
+    _cat_ref(y_d, k, cd).backward(dy)
+    for got, want in zip(leaves + ([cr] if cached else []), [xd, sd, td, wd, bd, ibd] + ([cd] if cached else [])):
+        assert_close_to_ref(got.grad, want.grad, dtype, BWD_TOL)  # input_bias: from the input dtype's dx
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cat_edges_and_errors(device):
+    """frames = 0 (the modulated output itself), an empty time axis behind a cache, and the errors, which name the
+    argument and its value."""
+    gen = torch.Generator().manual_seed(32)
+    x = (torch.randn(1, 8, 3, 4, 5, generator=gen) + 2).to(device)
+    w = torch.randn(8, generator=gen).to(device)
+    cat = torch.ops.gnext.group_norm_act_modulate_cat
+    torch.testing.assert_close(cat(x, 4, w, None, 1e-5, x, x, "relu", 0, None)[0],
+                               ge.group_norm_act_modulate(x, 4, x, x, w, None, 1e-5, "relu"), rtol=0, atol=0)
+    cache = torch.randn(1, 8, 2, 4, 5, generator=gen).to(device)
+    empty = x[:, :, :0]
+    torch.testing.assert_close(cat(empty, 4, w, None, 1e-5, empty, empty, "silu", 2, cache)[0], cache, rtol=0, atol=0)
+    op = "gnext.group_norm_act_modulate_cat"
+    with pytest.raises(RuntimeError, match=rf"{op}: input must be 5-D \(N, C, T, H, W\), got input.shape=\[1, 8, 4, 5\]"):
+        cat(x[:, :, 0], 4, None, None, 1e-5, x[:, :, 0], x[:, :, 0], "silu", 2, None)
+    with pytest.raises(RuntimeError, match=rf"{op}: frames must be >= 0, got frames=-1"):
+        cat(x, 4, None, None, 1e-5, x, x, "silu", -1, None)
+    with pytest.raises(RuntimeError, match=rf"{op}: cache.shape=\[1, 8, 2, 4, 4\] must be \(N, C, frames, H, W\) = "
+                                           r"\[1, 8, 2, 4, 5\]"):
+        cat(x, 4, None, None, 1e-5, x, x, "silu", 2, cache[..., :4])
+    with pytest.raises(RuntimeError, match=rf"{op}: cache.shape=\[1, 8, 2, 4, 5\] must be .* = \[1, 8, 3, 4, 5\]"):
+        cat(x, 4, None, None, 1e-5, x, x, "silu", 3, cache)
+    with pytest.raises(RuntimeError, match=rf"{op}: cache dtype \(Half\) must equal input dtype \(Float\)"):
+        cat(x, 4, None, None, 1e-5, x, x, "silu", 2, cache.half())
+    with pytest.raises(RuntimeError, match=rf"{op}: without a cache, frames=2 copies of the first frame need input "
+                                           r"frames, got input.shape=\[1, 8, 0, 4, 5\]"):
+        cat(empty, 4, None, None, 1e-5, empty, empty, "silu", 2, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cat_opcheck(device):
+    """Schema, fake kernel, autograd registration and AOT dispatch of group_norm_act_modulate_cat, with and without
+    a cache (torch.library.opcheck)."""
+    gen = torch.Generator().manual_seed(33)
+    x = (torch.randn(2, 8, 3, 4, 5, generator=gen) + 1).to(device)
+    s, t = torch.randn(x.shape, generator=gen).to(device), torch.randn(x.shape, generator=gen).to(device)
+    w, b = torch.randn(8, generator=gen).to(device), torch.randn(8, generator=gen).to(device)
+    cache = torch.randn(2, 8, 2, 4, 5, generator=gen).to(device)
+    op = torch.ops.gnext.group_norm_act_modulate_cat.default
+    torch.library.opcheck(op, (x, 4, w, b, 1e-5, s, t, "silu", 2, None))
+    torch.library.opcheck(op, (x.clone().requires_grad_(), 4, w.clone().requires_grad_(), b, 1e-5,
+                               s.clone().requires_grad_(), t, "gelu", 2, cache.clone().requires_grad_(),
+                               b.clone().requires_grad_()))
+    # smaller scale and shift (2x: their gradients by block sums) with gradients
+    x4, c4 = x[..., :4].contiguous(), cache[..., :4].contiguous()
+    torch.library.opcheck(op, (x4.requires_grad_(), 4, w, b, 1e-5, s[..., :2, :2].contiguous().requires_grad_(),
+                               t[..., :2, :2].contiguous().requires_grad_(), "silu", 2, c4))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_scale_gradient_sums_match_aten(device, dtype):

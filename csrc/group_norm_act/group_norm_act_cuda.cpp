@@ -67,6 +67,40 @@ std::tuple<Tensor, Tensor> group_norm_act_modulate_into_cuda(const Tensor& input
   return {std::get<1>(r), std::get<2>(r)};
 }
 
+// The modulated norm writes its T frames straight into the buffer after the `frames` front ones, which are copied in
+// after it (the cache, or the first output frame broadcast): no full-size output to concatenate.
+std::tuple<Tensor, Tensor, Tensor> group_norm_act_modulate_cat_cuda(const Tensor& input, int64_t num_groups,
+                                                                    const OptTensor& weight, const OptTensor& bias,
+                                                                    double eps, const Tensor& scale,
+                                                                    const Tensor& shift, const std::string& activation,
+                                                                    int64_t frames, const OptTensor& cache,
+                                                                    const OptTensor& input_bias) {
+  constexpr const char* op = "gnext.group_norm_act_modulate_cat";
+  GNEXT_CHECK(input.dim() == 5, op, ": input must be 5-D (N, C, T, H, W), got input.shape=", shape(input));
+  GNEXT_CHECK(frames >= 0, op, ": frames must be >= 0, got frames=", frames);
+  std::vector<int64_t> sizes(input.sizes().begin(), input.sizes().end());
+  const int64_t T = sizes[2];
+  if (defined(cache)) {
+    sizes[2] = frames;
+    GNEXT_CHECK(same_shape(cache->sizes(), sizes), op, ": cache.shape=", shape(*cache), " must be (N, C, frames, H, W)"
+                " = ", Shape{sizes});
+    check_dtype_device_like_input(op, "cache", *cache, input);
+  } else {
+    GNEXT_CHECK(frames == 0 || T > 0, op, ": without a cache, frames=", frames, " copies of the first frame need "
+                "input frames, got input.shape=", shape(input));
+  }
+  sizes[2] = frames + T;
+  Tensor out = empty_on(input, sizes, input.scalar_type());
+  Tensor body = torch::stable::narrow(out, 2, frames, T);
+  auto r = group_norm_modulate_cuda_pre(op, input, num_groups, weight, bias, eps, scale, shift,
+                                        forward_pointwise(op, activation, {}), &body, input_bias);
+  if (frames > 0 && out.numel() > 0) {
+    Tensor front = torch::stable::narrow(out, 2, 0, frames);
+    copy_into(front, defined(cache) ? *cache : torch::stable::narrow(out, 2, frames, 1));
+  }
+  return {out, std::get<1>(r), std::get<2>(r)};
+}
+
 std::tuple<OptTensor, OptTensor, OptTensor> group_norm_act_backward_cuda(
     const Tensor& grad_out, const Tensor& input, const Tensor& mean, const Tensor& rstd, const OptTensor& weight,
     const OptTensor& bias, int64_t num_groups, const std::string& activation, const std::vector<bool>& output_mask) {
@@ -110,6 +144,7 @@ STABLE_TORCH_LIBRARY_IMPL(gnext, CUDA, m) {
     m.impl(("group_norm_act_backward" + s).c_str(), TORCH_BOX(&group_norm_act_backward_cuda));
     m.impl(("group_norm_act_pad" + s).c_str(), TORCH_BOX(&group_norm_act_pad_cuda));
     m.impl(("group_norm_act_modulate" + s).c_str(), TORCH_BOX(&group_norm_act_modulate_cuda));
+    m.impl(("group_norm_act_modulate_cat" + s).c_str(), TORCH_BOX(&group_norm_act_modulate_cat_cuda));
   }
   m.impl("group_norm_act_modulate_into", TORCH_BOX(&group_norm_act_modulate_into_cuda));
   m.impl("group_norm_act_apply", TORCH_BOX(&group_norm_act_apply_cuda));

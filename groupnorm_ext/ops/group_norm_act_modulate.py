@@ -3,7 +3,8 @@
 scale and shift tensors of x's shape, or (4-D and 5-D x) of smaller last two sizes, upsampled to x's by nearest
 neighbour as F.interpolate(mode="nearest") does (a spatially conditioned norm: CogVideoX's decoder convolves both
 from the latents, Zhu et al. 2022, "MoVQ"); group_norm_act_modulate_into writes the same into a given tensor. The
-ops' fake kernels, CPU kernels and autograd; their schemas are in csrc/gnext.cpp and their CUDA kernels (the
+ops' fake kernels, CPU kernels and autograd (and group_norm_act_modulate_cat's: the output behind a causal convolution's
+front frames, torch.cat along dim 2); their schemas are in csrc/gnext.cpp and their CUDA kernels (the
 statistics pass, then one pass that reads x, scale and shift and writes out) in csrc/group_norm/group_norm_modulate.cu.
 The backward recomputes n = GroupNorm(x + input_bias) from mean/rstd, takes dy' = dy * act'(n * scale + shift),
 returns dscale = dy' * n and dshift = dy', and runs GroupNorm's backward on dy' * scale (input_bias's gradient: the
@@ -136,6 +137,47 @@ def group_norm_act_modulate_into(input, num_groups, weight, bias, eps, scale, sh
     return mean, rstd
 
 
+def check_cat(op, input, frames, cache):
+    """group_norm_act_modulate_cat's own arguments (as the CUDA op checks them): a 5-D input, frames >= 0, and cache
+    None (then input has frames to copy where frames > 0) or (N, C, frames, H, W) of input's dtype and device."""
+    _check(input.dim() == 5, lambda: f"{op}: input must be 5-D (N, C, T, H, W), got input.shape={list(input.shape)}")
+    _check(frames >= 0, lambda: f"{op}: frames must be >= 0, got frames={frames}")
+    if cache is None:
+        _check(frames == 0 or input.shape[2] > 0,
+               lambda: f"{op}: without a cache, frames={frames} copies of the first frame need input frames, got "
+                       f"input.shape={list(input.shape)}")
+        return
+    want = [input.shape[0], input.shape[1], frames, *input.shape[3:]]
+    _check(list(cache.shape) == want,
+           lambda: f"{op}: cache.shape={list(cache.shape)} must be (N, C, frames, H, W) = {want}")
+    _check_like_input(op, "cache", cache, input)
+
+
+def _cat_front(y, frames, cache):
+    """torch.cat([cache, y], 2), or [y[:, :, :1]] * frames before y."""
+    front = cache if cache is not None else y[:, :, :1].expand(-1, -1, frames, -1, -1)
+    return torch.cat([front, y], dim=2)
+
+
+@torch.library.register_fake("gnext::group_norm_act_modulate_cat")
+def _modulate_cat_fake(input, num_groups, weight, bias, eps, scale, shift, activation, frames, cache,
+                       input_bias=None):
+    op = "gnext.group_norm_act_modulate_cat"
+    check_cat(op, input, frames, cache)
+    out, mean, rstd = _modulate_fake(input, num_groups, weight, bias, eps, scale, shift, activation, input_bias)
+    N, C, T, H, W = input.shape
+    return out.new_empty((N, C, frames + T, H, W)), mean, rstd
+
+
+def group_norm_act_modulate_cat(input, num_groups, weight, bias, eps, scale, shift, activation, frames, cache,
+                                input_bias=None):
+    op = "gnext.group_norm_act_modulate_cat"
+    check_cat(op, input, frames, cache)
+    y, mean, rstd = group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation,
+                                            input_bias)
+    return _cat_front(y, frames, cache), mean, rstd
+
+
 # group_norm_act_modulate(input, num_groups, weight, bias, eps, scale, shift, activation, input_bias)
 #     -> (out, mean, rstd)
 def _modulate_save(ctx, inputs, output):
@@ -175,9 +217,35 @@ def _modulate_grads(ctx, need, grad_out):
     return (dx if need[0] else None), None, dw, _cast(db, ctx.bias_dtype), None, dscale, dshift, None, dib
 
 
-_cpu.register(group_norm_act_modulate, group_norm_act_modulate_into)
+# group_norm_act_modulate_cat(input, num_groups, weight, bias, eps, scale, shift, activation, frames, cache,
+#     input_bias) -> (out, mean, rstd): group_norm_act_modulate's gradients from the frames after the front ones, plus
+#     the front's (summed into the first frame without a cache; the cache's own otherwise).
+def _modulate_cat_save(ctx, inputs, output):
+    frames, cache = inputs[8], inputs[9]
+    input_bias = inputs[10] if len(inputs) > 10 else None
+    _modulate_save(ctx, (*inputs[:8], input_bias), output)
+    ctx.frames, ctx.cached = frames, cache is not None
+
+
+def _modulate_cat_grads(ctx, need, grad_out):
+    if grad_out is None:
+        return (None,) * 11
+    k = ctx.frames
+    g = grad_out[:, :, k:]
+    if not ctx.cached and k > 0:
+        g = g.clone()
+        g[:, :, :1] += grad_out[:, :, :k].sum(dim=2, keepdim=True)
+    need_mod = (*need[:8], need[10] if len(need) > 10 else False)
+    grads = _modulate_grads(ctx, need_mod, g) if any(need_mod) else (None,) * 9
+    dcache = grad_out[:, :, :k] if ctx.cached and need[9] else None
+    return (*grads[:8], None, dcache, grads[8])
+
+
+_cpu.register(group_norm_act_modulate, group_norm_act_modulate_into, group_norm_act_modulate_cat)
 _autograd.register("group_norm_act_modulate", _modulate_save, _modulate_grads, backward_op=False)
 _autograd.register_no_autograd("group_norm_act_modulate", _modulate_fake, group_norm_act_modulate)
+_autograd.register("group_norm_act_modulate_cat", _modulate_cat_save, _modulate_cat_grads, backward_op=False)
+_autograd.register_no_autograd("group_norm_act_modulate_cat", _modulate_cat_fake, group_norm_act_modulate_cat)
 _autograd.register_not_differentiable("group_norm_act_modulate_into",
                                       now="it writes into out, which autograd does not record; call "
                                           "group_norm_act_modulate")
