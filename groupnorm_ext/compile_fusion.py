@@ -290,6 +290,21 @@ def _identity_dropout(node: torch.fx.Node) -> bool:
     return training is False or (type(p) in (int, float) and bool(p == 0))
 
 
+def _through_dropouts(source: torch.fx.Node):
+    """(the dropouts that return their input read in a line from source, each the only reader of the one before and
+    taking it as its first argument only; the last of them, or source)."""
+    nodes = []
+    while len(source.users) == 1:
+        node = next(iter(source.users))
+        if not _identity_dropout(node) or not node.args or node.args[0] is not source \
+                or any(a is source for a in node.args[1:]) \
+                or any(v is source for v in node.kwargs.values()):
+            break
+        nodes.append(node)
+        source = node
+    return nodes, source
+
+
 def _take_pad(act_node: torch.fx.Node, xm: torch.Tensor):
     """Where x is a contiguous 3-D or 5-D tensor and the activation's output, through dropouts that return their
     input, goes only into one F.pad of static non-negative sizes over x's spatial dims, mode 'replicate' or
@@ -299,20 +314,13 @@ def _take_pad(act_node: torch.fx.Node, xm: torch.Tensor):
     the op's padded pass reads NCHW rows (it would copy x)."""
     if xm.dim() == 4 or not xm.is_contiguous():
         return None
-    nodes, source = [], act_node
-    while len(source.users) == 1:
-        node = next(iter(source.users))
-        if node.op != "call_function" or not node.args or node.args[0] is not source \
-                or any(a is source for a in node.args[1:]) or any(v is source for v in node.kwargs.values()):
-            return None
-        nodes.append(node)
-        if node.target in _PADS:
-            break
-        if not _identity_dropout(node):
-            return None
-        source = node
-    else:
+    nodes, source = _through_dropouts(act_node)
+    node = next(iter(source.users)) if len(source.users) == 1 else None
+    if node is None or node.op != "call_function" or node.target not in _PADS or not node.args \
+            or node.args[0] is not source or any(a is source for a in node.args[1:]) \
+            or any(v is source for v in node.kwargs.values()):
         return None
+    nodes.append(node)
     args = node.args
     pad = args[1] if len(args) > 1 else node.kwargs.get("pad")
     mode = args[2] if len(args) > 2 else node.kwargs.get("mode", "constant")
@@ -496,10 +504,7 @@ def _take_cat(last: torch.fx.Node, xm: torch.Tensor):
     `last`, the cat last; the number of front frames; cache or None), which group_norm_act_modulate_cat computes:
     the chain then writes its frames into the concatenation instead of a full-size output that Inductor copies
     there. Else None."""
-    nodes, y = [], last
-    while len(y.users) == 1 and _identity_dropout(node := next(iter(y.users))) and node.args and node.args[0] is y:
-        nodes.append(node)
-        y = node
+    nodes, y = _through_dropouts(last)
     cats = [u for u in y.users if u.op == "call_function" and u.target is torch.cat]
     if len(cats) != 1:
         return None
