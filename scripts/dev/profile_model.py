@@ -16,7 +16,7 @@ torch.compile(original) without and with enable_compile_fusion():
     GEMM; attention; the rest), which bounds what a faster GroupNorm can gain.
   * with --kernels: every GPU kernel of both variants by name, per step (time and launches), the
     gnext kernels and the kernels whose time differs most between the variants.
-  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled [--nobias-baseline] | --aten]
+  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled [--nobias-baseline | --baseline-without cat] | --aten]
                                       [--fusion-when always] [--kernels 40]
                                       [--stacks aten::copy_,aten::empty_strided]
 Diagnostic; the product table comes from scripts/bench/real_models.py."""
@@ -121,6 +121,9 @@ def main():
     p.add_argument("--nobias-baseline", action="store_true",
                    help="with --compiled: 'eager' is torch.compile with enable_compile_fusion() but its convolution-bias "
                         "move (input_bias) off")
+    p.add_argument("--baseline-without", choices=("cat",), default=None,
+                   help="with --compiled: 'eager' is torch.compile with enable_compile_fusion() but its concatenation "
+                        "rule (cat) off")
     p.add_argument("--fusion-when", choices=("auto", "always"), default="auto",
                    help="with --compiled: enable_compile_fusion(when=...); 'always' rewrites training graphs too")
     p.add_argument("--aten", action="store_true",
@@ -137,8 +140,9 @@ def main():
     print(f"converted: {counts}")
     if args.compiled:
         torch._dynamo.reset()
-        if args.nobias_baseline:
-            with fusion_pass(args.fusion_when, move_bias=False), no_caches():
+        if args.nobias_baseline or args.baseline_without:
+            off = {"cat": False} if args.baseline_without == "cat" else {"move_bias": False}
+            with fusion_pass(args.fusion_when, **off), no_caches():
                 fns = {"eager": step_fn(compile_fusion_variant(copy.deepcopy(orig), None, "fx_graph_remote_cache"),
                                         inputs, train)}
                 fns["eager"](), fns["eager"]()
