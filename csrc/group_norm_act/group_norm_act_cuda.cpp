@@ -3,6 +3,7 @@
 // as their compile-time epilogue (csrc/group_norm, common/pointwise.h).
 #include <string>
 
+#include "../common/cuda_utils.h"
 #include "group_norm_act.h"
 
 namespace gnext {
@@ -67,6 +68,26 @@ std::tuple<Tensor, Tensor> group_norm_act_modulate_into_cuda(const Tensor& input
   return {std::get<1>(r), std::get<2>(r)};
 }
 
+// out's `frames` front frames: the cache, or copies of frame `frames` (the first output frame). Each (n, c) row of
+// out is (frames + T) * HW elements, so the front is a strided 2-D block, one cudaMemcpy2DAsync (a frame at a time
+// for the copies) rather than an element-wise strided copy_ (docs/decisions/compile-fusion.md).
+void copy_front_frames(Tensor& out, int64_t frames, int64_t T, const OptTensor& cache) {
+  const int64_t rows = out.size(0) * out.size(1), plane = out.size(3) * out.size(4) * out.element_size();
+  const size_t pitch = static_cast<size_t>((frames + T) * plane);
+  char* dst = static_cast<char*>(out.data_ptr());
+  const cudaStream_t stream = current_stream(out);
+  if (defined(cache)) {
+    const Tensor c = contig(*cache);
+    GNEXT_CUDA_CHECK(cudaMemcpy2DAsync(dst, pitch, c.data_ptr(), static_cast<size_t>(frames * plane),
+                                       static_cast<size_t>(frames * plane), static_cast<size_t>(rows),
+                                       cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  for (int64_t f = 0; f < frames; ++f)
+    GNEXT_CUDA_CHECK(cudaMemcpy2DAsync(dst + f * plane, pitch, dst + frames * plane, pitch, static_cast<size_t>(plane),
+                                       static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream));
+}
+
 // The modulated norm writes its T frames straight into the buffer after the `frames` front ones, which are copied in
 // after it (the cache, or the first output frame broadcast): no full-size output to concatenate.
 std::tuple<Tensor, Tensor, Tensor> group_norm_act_modulate_cat_cuda(const Tensor& input, int64_t num_groups,
@@ -94,10 +115,7 @@ std::tuple<Tensor, Tensor, Tensor> group_norm_act_modulate_cat_cuda(const Tensor
   Tensor body = torch::stable::narrow(out, 2, frames, T);
   auto r = group_norm_modulate_cuda_pre(op, input, num_groups, weight, bias, eps, scale, shift,
                                         forward_pointwise(op, activation, {}), &body, input_bias);
-  if (frames > 0 && out.numel() > 0) {
-    Tensor front = torch::stable::narrow(out, 2, 0, frames);
-    copy_into(front, defined(cache) ? *cache : torch::stable::narrow(out, 2, frames, 1));
-  }
+  if (frames > 0 && out.numel() > 0) copy_front_frames(out, frames, T, cache);
   return {out, std::get<1>(r), std::get<2>(r)};
 }
 
