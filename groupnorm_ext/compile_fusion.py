@@ -290,15 +290,19 @@ def _identity_dropout(node: torch.fx.Node) -> bool:
     return training is False or (type(p) in (int, float) and bool(p == 0))
 
 
+def _reads_first_only(node: torch.fx.Node, source: torch.fx.Node) -> bool:
+    """node takes source as its first argument and nowhere else."""
+    return bool(node.args) and node.args[0] is source and not any(a is source for a in node.args[1:]) \
+        and not any(v is source for v in node.kwargs.values())
+
+
 def _through_dropouts(source: torch.fx.Node):
     """(the dropouts that return their input read in a line from source, each the only reader of the one before and
     taking it as its first argument only; the last of them, or source)."""
     nodes = []
     while len(source.users) == 1:
         node = next(iter(source.users))
-        if not _identity_dropout(node) or not node.args or node.args[0] is not source \
-                or any(a is source for a in node.args[1:]) \
-                or any(v is source for v in node.kwargs.values()):
+        if not _identity_dropout(node) or not _reads_first_only(node, source):
             break
         nodes.append(node)
         source = node
@@ -316,9 +320,7 @@ def _take_pad(act_node: torch.fx.Node, xm: torch.Tensor):
         return None
     nodes, source = _through_dropouts(act_node)
     node = next(iter(source.users)) if len(source.users) == 1 else None
-    if node is None or node.op != "call_function" or node.target not in _PADS or not node.args \
-            or node.args[0] is not source or any(a is source for a in node.args[1:]) \
-            or any(v is source for v in node.kwargs.values()):
+    if node is None or node.op != "call_function" or node.target not in _PADS or not _reads_first_only(node, source):
         return None
     nodes.append(node)
     args = node.args
