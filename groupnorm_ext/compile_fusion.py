@@ -29,7 +29,8 @@ into, so the bias was a read and a write of the tensor of its own (docs/decision
 Where the GroupNorm's output is multiplied by ``scale`` and ``shift`` is added (then an optional activation), scale and
 shift being 1x1x1 ``conv3d``s of one nearest-upsampled tensor that only they read (CogVideoX's spatial norm), the
 upsampling keeps the source's height and width, the convolutions run at that size, and the chain becomes
-``gnext::group_norm_act_modulate``, which upsamples scale and shift as it reads them (:func:`_modulation`).
+``gnext::group_norm_act_modulate``, which upsamples scale and shift as it reads them (:func:`_modulation`); a strided
+x (an up-sampler's permuted output) goes through ``x.contiguous()`` first, which Inductor writes (:func:`_contiguous`).
 
 After the GroupNorm rules, the data movement of video VAEs' up-samplers: an up-sampling padded for a convolution
 becomes one index of its source, and pads of size 0 read by convolutions are dropped (``_compile_movement``).
@@ -440,7 +441,7 @@ _NOT_MODULATED = "GroupNorm followed by mul, not an activation the op fuses (SiL
 _FULL_SIZE_MODULATION = ("GroupNorm(x) * scale + shift whose scale and shift are not 1x1x1 conv3ds of one tensor that "
                          "nearest-neighbour upsampling brings to x's size from a smaller height or width and that "
                          "nothing else reads (Inductor's normalize reads as many bytes and adds their biases)")
-_STRIDED_MODULATION = "GroupNorm(x) * scale + shift with x not a contiguous 5-D tensor (the op would copy x)"
+_STRIDED_MODULATION = "GroupNorm(x) * scale + shift with x not a 5-D tensor"
 _MAX_UPSAMPLED_PLANE = 2 ** 31 - 4096  # group_norm_act_modulate's bound on a channel's plane with smaller scale/shift
 _LARGE_MODULATION = ("GroupNorm(x) * scale + shift with a channel's plane of x over 2^31 - 4096 elements or of dynamic "
                      "size (the op upsamples smaller scale and shift only below that)")
@@ -482,7 +483,7 @@ def _modulation(gn: torch.fx.Node, xm: torch.Tensor):
     dead = _dead_readers(z, (scale, shift)) if parts is not None else None
     if parts is None or dead is None:
         return _FULL_SIZE_MODULATION
-    if xm.dim() != 5 or not xm.is_contiguous():
+    if xm.dim() != 5:
         return _STRIDED_MODULATION
     if not all(type(d) is int for d in xm.shape[2:]) or math.prod(xm.shape[2:]) >= _MAX_UPSAMPLED_PLANE:
         return _LARGE_MODULATION
@@ -530,6 +531,18 @@ def _take_cat(last: torch.fx.Node, xm: torch.Tensor):
     if others != [first] or any(t is not first for t in front) or len(first.users) != 1 or not _first_frame(first, y):
         return None
     return nodes + [first, cat], len(front), None
+
+
+def _contiguous(graph: torch.fx.Graph, x: torch.fx.Node, xm: torch.Tensor, before: torch.fx.Node) -> torch.fx.Node:
+    """x, or x.contiguous() inserted before `before` where x is a strided view (CogVideoX's up-samplers hand the next
+    block the permuted view of a frame-batched conv2d). Inductor writes that copy in the kernel that adds the
+    convolution's bias anyway; the op would otherwise copy the view itself, after that kernel."""
+    if xm.is_contiguous():
+        return x
+    with graph.inserting_before(before):
+        xc = graph.call_method("contiguous", (x,))
+    xc.meta["example_value"] = xm.new_empty(tuple(xm.shape))
+    return xc
 
 
 def _shrink_modulation(scale, shift, parts, hw, dead) -> None:
@@ -642,6 +655,7 @@ def _rewrite(graph: torch.fx.Graph, when: str) -> int:
             mod_chain, scale, shift, mod_act, parts, hw, dead = modulated
             cat = _take_cat(mod_chain[-1], xm)
             _shrink_modulation(scale, shift, parts, hw, dead)
+            x = _contiguous(graph, x, xm, gn)
         else:
             last = act_node
             if len(act_node.users) == 1:

@@ -376,8 +376,8 @@ def test_modulated_norms(device):
     """GroupNorm(x) * scale + shift (-> activation), scale and shift 1x1x1 conv3ds of nearest-upsampled latents
     (CogVideoX's spatial norm), becomes group_norm_act_modulate with the convolutions at the latents' height and
     width: both operand orders, with and without the activation, the first frame apart or not, the dead clone of
-    the upsampled latents dropped. Left alone (counted as unmatched): 3x3x3 convolutions, another upsampling mode,
-    latents at x's size, latents read elsewhere, a non-contiguous x. Same values as eager."""
+    the upsampled latents dropped, a non-contiguous x through x.contiguous(). Left alone (counted as unmatched):
+    3x3x3 convolutions, another upsampling mode, latents at x's size, latents read elsewhere. Same values as eager."""
 
     class M(nn.Module):
         def __init__(self):
@@ -393,7 +393,7 @@ def test_modulated_norms(device):
             zq = F.interpolate(z, size=x4.shape[-3:])
             out += [F.silu(n(x4) * self.same.conv_y(zq) + self.same.conv_b(zq)), zq]  # zq read elsewhere
             xt = x.transpose(3, 4).contiguous().transpose(3, 4)
-            out.append(self.fused[0](xt, z))                              # non-contiguous x
+            out.append(self.fused[0](xt, z))                              # non-contiguous x: copied
             return out
 
     x, x4 = rand_input((1, 16, 5, 8, 6), torch.float32, device), rand_input((1, 16, 4, 8, 6), torch.float32, device)
@@ -402,14 +402,15 @@ def test_modulated_norms(device):
         out, ref, stats, graph = _rewritten(perturb_params(M()).to(device), x, x4, z, z_big)
     for o, r in zip(out, ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
-    assert stats["modulate"] == 2 and stats["group_norm_act"] == 2 and stats["unmatched"] == 5, stats
+    assert stats["modulate"] == 3 and stats["group_norm_act"] == 3 and stats["unmatched"] == 4, stats
     ops = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act_modulate.default]
-    assert [n.args[7] for n in ops] == ["silu", "identity"]
+    assert [n.args[7] for n in ops] == ["silu", "identity", "silu"]
+    assert [n.args[0].op == "call_method" and n.args[0].target == "contiguous" for n in ops] == [False, False, True]
     for n in ops:  # scale and shift at the latents' height and width
         assert [tuple(compile_fusion._meta(a).shape) for a in n.args[5:7]] == [(1, 16) + tuple(n.args[0].meta[
             "example_value"].shape[2:3]) + (4, 3)] * 2
-    # six spatial norms clone their latents; the two fused ones' clones are gone
-    assert sum(n.op == "call_method" and n.target == "clone" for n in graph.nodes) == 4
+    # six spatial norms clone their latents; the three fused ones' clones are gone
+    assert sum(n.op == "call_method" and n.target == "clone" for n in graph.nodes) == 3
     # a channel's plane at the op's bound for smaller scale and shift (2^31 - 4096 elements): left
     with mock.patch.object(compile_fusion, "_MAX_UPSAMPLED_PLANE", 5 * 8 * 6):
         out, ref, stats, _ = _rewritten(SpatialNorm().to(device), x, z)
@@ -477,8 +478,8 @@ def test_modulated_norms_into_causal_concatenations(device):
 
 def test_cogvideox_decoder_modulated_norms():
     """diffusers' CogVideoX decoder (small widths): every spatial norm above the latents' resolution is rewritten
-    (22 of 37 here; the 12 at the latents' own size and the 3 whose input is the upsampler's strided output stay
-    Inductor's), and the decode matches eager."""
+    (25 of 37 here, the 3 whose input is the up-sampler's strided output through a contiguous copy; the 12 at the
+    latents' own size stay Inductor's), and the decode matches eager."""
     cogvideox = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_cogvideox")
     torch.manual_seed(0)
     vae = perturb_params(cogvideox.AutoencoderKLCogVideoX(block_out_channels=(16, 32, 32, 64), norm_num_groups=4,
@@ -494,15 +495,18 @@ def test_cogvideox_decoder_modulated_norms():
 
     out, ref, stats, graph = _rewritten(Decode(), rand_input((1, 16, 3, 8, 8), torch.float32, "cpu"))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    assert stats["modulate"] == 22 and stats["unmatched"] == 15, stats
+    assert stats["modulate"] == 25 and stats["unmatched"] == 12, stats
+    copies = [n for n in graph.nodes if n.op == "call_method" and n.target == "contiguous"
+              and any(u.target is torch.ops.gnext.group_norm_act_modulate_cat.default for u in n.users)]
+    assert len(copies) == 3, copies
     # each writes its causal convolution's input, behind 2 copies of its first frame (one batch of latent frames)
-    assert stats["pad"] == 22, stats
+    assert stats["pad"] == 25, stats
     # 5 latent frames: two batches, the second's convolutions concatenating the first's cached frames
     out, ref, stats, graph = _rewritten(Decode(), rand_input((1, 16, 5, 8, 8), torch.float32, "cpu"))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     cats = [n for n in graph.nodes if n.target is torch.ops.gnext.group_norm_act_modulate_cat.default]
-    assert stats["pad"] == stats["modulate"] == len(cats) == 44, stats
-    assert sum(n.args[9] is None for n in cats) == 22
+    assert stats["pad"] == stats["modulate"] == len(cats) == 50, stats
+    assert sum(n.args[9] is None for n in cats) == 25
 
 
 def test_padded_outputs():

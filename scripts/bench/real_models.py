@@ -38,7 +38,8 @@ gnext-noblocks, the converter with HunyuanVideo's resnet blocks and up-samplers 
 compile+fusion-nomove, the pass without its data-movement rules (up-sampler gathers, zero pads);
 compile+fusion-noshare, the pass moving a convolution's bias into the op only where the GroupNorm is the output's
 one reader (not past shortcut convolutions and residual adds); compile+fusion-nocat, the pass leaving a modulated
-chain's concatenation along time (CogVideoX's causal convolutions) to Inductor. Timing: wall time
+chain's concatenation along time (CogVideoX's causal convolutions) to Inductor; compile+fusion-nostrided, the pass
+leaving modulated chains whose input is a strided view (CogVideoX's up-samplers' outputs) to Inductor. Timing: wall time
 (host + GPU) of a batch of calls between two synchronizations, per call; after warm-up (compiles included) the variants are
 timed in rounds, each once per round in a random order (recorded per round), and the median and min-max
 over rounds are reported, with the per-round ratios of the variant pairs. --compile-mode reduce-overhead
@@ -83,7 +84,8 @@ VARIANTS = ("eager", "gnext", "gnext-aten", "compile", "compile+fusion")
 # after a rewritten chain left to Inductor (the pass's group_norm_act_pad off).
 EXTRA_VARIANTS = ("gnext-nopad", "gnext-nomod", "gnext-nofold", "gnext-padrows", "gnext-nostream",
                   "gnext-noblocks", "compile+fusion-nobias", "compile+fusion-autograd", "compile+fusion-nopad",
-                  "compile+fusion-nomove", "compile+fusion-noshare", "compile+fusion-nocat")
+                  "compile+fusion-nomove", "compile+fusion-noshare", "compile+fusion-nocat",
+                  "compile+fusion-nostrided")
 
 
 def image(size, n):
@@ -246,12 +248,13 @@ def compile_fusion_variant(model, mode=None, marker="fx_graph_cache"):
 
 
 @contextlib.contextmanager
-def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True, share=True, cat=True):
+def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True, share=True, cat=True, strided=True):
     """enable_compile_fusion(when) for what compiles inside; move_bias=False: with the pass's convolution-bias move
     (input_bias) off; no_autograd=False: with its post-grad retarget to the ops' twins of no Autograd kernel off;
     pad=False: with its padded outputs (group_norm_act_pad) off; move=False: with its data-movement rules (up-sampler
     gathers, zero pads dropped) off; share=False: a convolution's bias moved only where the GroupNorm is its output's
-    one reader; cat=False: modulated chains not written into their concatenation along time."""
+    one reader; cat=False: modulated chains not written into their concatenation along time; strided=False: modulated
+    chains whose input is a strided view left to Inductor."""
     ge.enable_compile_fusion(when=when)
     try:
         with contextlib.ExitStack() as stack:
@@ -267,6 +270,12 @@ def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True, sha
                 stack.enter_context(mock.patch.object(compile_fusion, "_take_pad", lambda act_node, xm: None))
             if not cat:
                 stack.enter_context(mock.patch.object(compile_fusion, "_take_cat", lambda last, xm: None))
+            if not strided:
+                modulation = compile_fusion._modulation
+
+                def contiguous_only(gn, xm):
+                    return compile_fusion._STRIDED_MODULATION if not xm.is_contiguous() else modulation(gn, xm)
+                stack.enter_context(mock.patch.object(compile_fusion, "_modulation", contiguous_only))
             if not move:
                 stack.enter_context(mock.patch.object(compile_fusion, "rewrite_movement",
                                                       lambda graph, stats, applies: 0))
@@ -290,7 +299,7 @@ PAIRS = (("gnext", "eager"), ("gnext-aten", "eager"), ("compile", "eager"), ("co
          ("compile+fusion", "compile+fusion-autograd"), ("compile+fusion-nopad", "compile"),
          ("compile+fusion", "compile+fusion-nopad"), ("compile+fusion-nomove", "compile"),
          ("compile+fusion", "compile+fusion-nomove"), ("compile+fusion", "compile+fusion-noshare"),
-         ("compile+fusion", "compile+fusion-nocat"))
+         ("compile+fusion", "compile+fusion-nocat"), ("compile+fusion", "compile+fusion-nostrided"))
 
 
 def paired(times):
@@ -388,13 +397,15 @@ def run_row(row, dev, smoke, rounds, when, progress, mode=None, variants=VARIANT
                       ("compile+fusion-nopad", "autotune_remote_cache"),
                       ("compile+fusion-nomove", "bundled_autotune_remote_cache"),
                       ("compile+fusion-noshare", "search_autotune_cache"),
-                      ("compile+fusion-nocat", "autotune_in_subproc")):
+                      ("compile+fusion-nocat", "autotune_in_subproc"),
+                      ("compile+fusion-nostrided", "bundle_triton_into_fx_graph_cache")):
         if v not in variants:
             continue
         before = dict(compile_fusion.compile_fusion_stats)
         with fusion_pass(when, move_bias=not v.endswith("-nobias"), no_autograd=not v.endswith("-autograd"),
                          pad=not v.endswith("-nopad"), move=not v.endswith("-nomove"),
-                         share=not v.endswith("-noshare"), cat=not v.endswith("-nocat")):
+                         share=not v.endswith("-noshare"), cat=not v.endswith("-nocat"),
+                         strided=not v.endswith("-nostrided")):
             fns[v] = step_fn(compile_fusion_variant(copy.deepcopy(orig), mode, marker), args, train, graphs)
             t0 = time.perf_counter()
             with no_caches():
@@ -465,7 +476,8 @@ LABELS = {"eager": "eager ms", "gnext": "gnext eager ms (x)", "gnext-aten": "gne
           "compile+fusion-nomove": "compile + fusion, no data-movement rules ms (x)",
           "compile+fusion-noshare": "compile + fusion, a convolution's bias moved only where the GroupNorm is its one "
                                     "reader ms (x)",
-          "compile+fusion-nocat": "compile + fusion, concatenations along time left to Inductor ms (x)"}
+          "compile+fusion-nocat": "compile + fusion, concatenations along time left to Inductor ms (x)",
+          "compile+fusion-nostrided": "compile + fusion, strided modulated inputs left to Inductor ms (x)"}
 
 
 def write(out_dir, meta, rows, name="real_models"):
