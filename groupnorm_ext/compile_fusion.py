@@ -441,7 +441,7 @@ _NOT_MODULATED = "GroupNorm followed by mul, not an activation the op fuses (SiL
 _FULL_SIZE_MODULATION = ("GroupNorm(x) * scale + shift whose scale and shift are not 1x1x1 conv3ds of one tensor that "
                          "nearest-neighbour upsampling brings to x's size from a smaller height or width and that "
                          "nothing else reads (Inductor's normalize reads as many bytes and adds their biases)")
-_STRIDED_MODULATION = "GroupNorm(x) * scale + shift with x not a 5-D tensor"
+_NOT_5D_MODULATION = "GroupNorm(x) * scale + shift with x not a 5-D tensor"
 _MAX_UPSAMPLED_PLANE = 2 ** 31 - 4096  # group_norm_act_modulate's bound on a channel's plane with smaller scale/shift
 _LARGE_MODULATION = ("GroupNorm(x) * scale + shift with a channel's plane of x over 2^31 - 4096 elements or of dynamic "
                      "size (the op upsamples smaller scale and shift only below that)")
@@ -484,7 +484,7 @@ def _modulation(gn: torch.fx.Node, xm: torch.Tensor):
     if parts is None or dead is None:
         return _FULL_SIZE_MODULATION
     if xm.dim() != 5:
-        return _STRIDED_MODULATION
+        return _NOT_5D_MODULATION
     if not all(type(d) is int for d in xm.shape[2:]) or math.prod(xm.shape[2:]) >= _MAX_UPSAMPLED_PLANE:
         return _LARGE_MODULATION
     return chain, scale, shift, act, parts[0], parts[1], dead

@@ -274,7 +274,8 @@ def fusion_pass(when, move_bias=True, no_autograd=True, pad=True, move=True, sha
                 modulation = compile_fusion._modulation
 
                 def contiguous_only(gn, xm):
-                    return compile_fusion._STRIDED_MODULATION if not xm.is_contiguous() else modulation(gn, xm)
+                    return "modulated chain with a strided x (left by compile+fusion-nostrided)" \
+                        if not xm.is_contiguous() else modulation(gn, xm)
                 stack.enter_context(mock.patch.object(compile_fusion, "_modulation", contiguous_only))
             if not move:
                 stack.enter_context(mock.patch.object(compile_fusion, "rewrite_movement",

@@ -16,7 +16,7 @@ torch.compile(original) without and with enable_compile_fusion():
     GEMM; attention; the rest), which bounds what a faster GroupNorm can gain.
   * with --kernels: every GPU kernel of both variants by name, per step (time and launches), the
     gnext kernels and the kernels whose time differs most between the variants.
-  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled [--nobias-baseline | --baseline-without cat] | --aten]
+  python scripts/dev/profile_model.py [--row unet2d-train-bf16] [--rounds 7] [--steps 3] [--compiled [--baseline-without bias|cat] | --aten]
                                       [--fusion-when always] [--kernels 40]
                                       [--stacks aten::copy_,aten::empty_strided]
 Diagnostic; the product table comes from scripts/bench/real_models.py."""
@@ -118,12 +118,11 @@ def main():
     p.add_argument("--stacks", default="", help="comma-separated ops (e.g. aten::copy_) whose Python call sites to list")
     p.add_argument("--compiled", action="store_true",
                    help="torch.compile(original) without and with enable_compile_fusion() instead of eager")
-    p.add_argument("--nobias-baseline", action="store_true",
-                   help="with --compiled: 'eager' is torch.compile with enable_compile_fusion() but its convolution-bias "
-                        "move (input_bias) off")
-    p.add_argument("--baseline-without", choices=("cat",), default=None,
-                   help="with --compiled: 'eager' is torch.compile with enable_compile_fusion() but its concatenation "
-                        "rule (cat) off")
+    p.add_argument("--baseline-without", choices=("bias", "cat"), default=None,
+                   help="with --compiled: 'eager' is torch.compile with enable_compile_fusion() but one rule off: "
+                        "bias, its convolution-bias move (input_bias); cat, its concatenation rule")
+    p.add_argument("--nobias-baseline", action="store_const", dest="baseline_without", const="bias",
+                   help="--baseline-without bias")
     p.add_argument("--fusion-when", choices=("auto", "always"), default="auto",
                    help="with --compiled: enable_compile_fusion(when=...); 'always' rewrites training graphs too")
     p.add_argument("--aten", action="store_true",
@@ -140,8 +139,8 @@ def main():
     print(f"converted: {counts}")
     if args.compiled:
         torch._dynamo.reset()
-        if args.nobias_baseline or args.baseline_without:
-            off = {"cat": False} if args.baseline_without == "cat" else {"move_bias": False}
+        if args.baseline_without:
+            off = {{"bias": "move_bias", "cat": "cat"}[args.baseline_without]: False}
             with fusion_pass(args.fusion_when, **off), no_caches():
                 fns = {"eager": step_fn(compile_fusion_variant(copy.deepcopy(orig), None, "fx_graph_remote_cache"),
                                         inputs, train)}
