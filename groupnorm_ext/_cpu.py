@@ -208,10 +208,6 @@ def _param_grad_dtype(input, weight):
 # Composites
 
 
-def _param_grouped(p, s):
-    return p.float().view(1, s[2], s[3], 1)
-
-
 def _aten_stat_params(input, C):
     """Unit weight/bias for ATen's CPU kernels, float32 for 16-bit inputs: its statistics then come back float32
     (gnext's contract) and its math runs in float32."""
@@ -236,15 +232,15 @@ def _aten_input(t):
 # ATen's CPU GroupNorm computes out = x * a + b and its backward sums dy * x: both cancel where a group's mean is
 # large against its spread, losing about 2^-24 * |mean| * rstd of relative precision. Up to _ATEN_MAX_SHIFT
 # (|mean| * rstd, any group) that is below 4e-6 and ATen's kernels run as they are (eager's speed); beyond it
-# gnext centres x first. Channels_last forwards take ATen's kernel only to 8: its variance is E[x^2] - E[x]^2,
-# whose error grows with the square.
+# gnext centres x first. Channels_last takes ATen's kernels only to 8: its forward's variance is E[x^2] - E[x]^2,
+# whose error grows with the square, and its backward's dgamma errs ~3x NCHW's at the same shift (4.6e-6 at 8).
 _ATEN_MAX_SHIFT = 64.0
 _ATEN_MAX_SHIFT_CL = 8.0
 
 
 def _shift(mean, rstd):
-    """max over groups of |mean| * rstd (NaN where a statistic is NaN: never below a limit)."""
-    return float((mean.float().abs() * rstd.float()).max())
+    """max over groups of |mean| * rstd (NaN where a statistic is NaN or there is no group: never below a limit)."""
+    return float((mean.float().abs() * rstd.float()).max()) if mean.numel() else float("nan")
 
 
 def _group_norm(op, input, num_groups, weight, bias, eps):
@@ -270,20 +266,16 @@ def _group_norm(op, input, num_groups, weight, bias, eps):
     if cl or not input.is_contiguous():  # statistics from the NCHW kernel (Welford; its CL one is not)
         _, mu, r = torch.ops.aten.native_group_norm(_aten_input(input), w, b, N, C, HxW, G, eps)
     mu, r = mu.float(), r.float()
-    scale = r.repeat_interleave(D, 1)  # (N, C)
-    if weight is not None:
-        scale = scale * weight.float()
-    shift = torch.zeros(C) if bias is None else bias.float()
-    x = input.float().reshape(N, C, HxW) - mu.repeat_interleave(D, 1).unsqueeze(-1)
-    y = torch.addcmul(shift.view(1, C, 1), x, scale.unsqueeze(-1))
+    y = _normalized(input.float(), s, mu, r, weight, bias)
     out = torch.empty(input.shape, dtype=input.dtype, memory_format=fmt)
-    out.copy_(y.view(input.shape))
+    out.copy_(y)
     return out, mu, r
 
 
 def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, output_mask):
-    """ATen's CPU GroupNorm backward on gnext's float32 mean/rstd; beyond _ATEN_MAX_SHIFT fed x - mean (float32)
-    and a zero mean instead: its formulas use sum(dy * x) and x * c2 + c3, which cancel at large means
+    """ATen's CPU GroupNorm backward on gnext's float32 mean/rstd, NCHW or channels_last (whose dgamma's error is
+    ~3x NCHW's at the same shift, hence its lower limit); beyond _ATEN_MAX_SHIFT(_CL) fed x - mean (float32) and a
+    zero mean instead: its formulas use sum(dy * x) and x * c2 + c3, which cancel at large means
     (grad_weight off by 2e-2 at mean 1000 where the exact value is 0); the gradients depend on x only through
     x - mean."""
     s = check_group_norm_backward_args(op, grad_out, input, mean, rstd, weight, num_groups)
@@ -296,11 +288,11 @@ def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, ou
         return dx, zeros(output_mask[1]), zeros(output_mask[2])
     w = torch.ones(C) if weight is None else weight.float()
     mask = [output_mask[0], output_mask[1], output_mask[2]]
-    if input.is_contiguous() and _shift(mean, rstd) <= _ATEN_MAX_SHIFT:
-        input = _canonical(input, torch.contiguous_format)
+    cl = fmt != torch.contiguous_format
+    if (input.is_contiguous() or cl) and _shift(mean, rstd) <= (_ATEN_MAX_SHIFT_CL if cl else _ATEN_MAX_SHIFT):
         dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(
-            _canonical(grad_out.contiguous(), torch.contiguous_format), input, mean.float().contiguous(),
-            rstd.float().contiguous(), w, N, C, HxW, G, mask)
+            _canonical(grad_out.contiguous(memory_format=fmt), fmt), _canonical(input, fmt),
+            mean.float().contiguous(), rstd.float().contiguous(), w, N, C, HxW, G, mask)
     else:
         xc = (input.float().reshape(N, G, -1) - mean.float().reshape(N, G, 1)).reshape(input.shape).contiguous()
         dx, dgamma, dbeta = torch.ops.aten.native_group_norm_backward(
@@ -312,54 +304,70 @@ def _group_norm_backward(op, grad_out, input, mean, rstd, weight, num_groups, ou
     return dx, None if dgamma is None else dgamma.to(pdtype), None if dbeta is None else dbeta.to(pdtype)
 
 
-def apply_act(n, act):
+def apply_act(n, act, inplace=False):
+    """act(n); with inplace, written over n (a temporary of the caller's: one full-size allocation fewer, whose
+    page faults cost the CPU kernels as much as a pass)."""
     if act == "silu":
-        return F.silu(n)
+        return F.silu(n, inplace=inplace)
     if act == "gelu":
-        return F.gelu(n)
+        return torch.ops.aten.gelu_(n) if inplace else F.gelu(n)
     if act == "gelu_tanh":
-        return F.gelu(n, approximate="tanh")
+        return torch.ops.aten.gelu_(n, approximate="tanh") if inplace else F.gelu(n, approximate="tanh")
     if act == "relu":
-        return torch.relu(n)
+        return torch.relu_(n) if inplace else torch.relu(n)
     if act == "tanh":
-        return torch.tanh(n)
+        return torch.tanh_(n) if inplace else torch.tanh(n)
     if act == "hardswish":
-        return F.hardswish(n)
+        return F.hardswish(n, inplace=inplace)
     if act == "tanh_hardswish":
-        return F.hardswish(torch.tanh(n))
+        return F.hardswish(torch.tanh_(n) if inplace else torch.tanh(n), inplace=True)
     return n
 
 
-def act_backward(g, n, act):
-    """dL/dn from g = dL/d act(n)."""
+def act_backward(g, n, act, out=None):
+    """dL/dn from g = dL/d act(n): g itself for the identity; else into out where given (the CPU kernels pass n
+    itself: each element of n is read before its own is written), or a new tensor."""
     aten = torch.ops.aten
-    if act == "silu":
-        return aten.silu_backward(g, n)
-    if act == "gelu":
-        return aten.gelu_backward(g, n)
-    if act == "gelu_tanh":
-        return aten.gelu_backward(g, n, approximate="tanh")
-    if act == "relu":
-        return aten.threshold_backward(g, n, 0)
-    if act == "tanh":
-        return aten.tanh_backward(g, torch.tanh(n))
-    if act == "hardswish":
+    if act == "identity":
+        return g
+    if act in ("tanh", "tanh_hardswish"):
+        t = torch.tanh_(n) if out is n else torch.tanh(n)
+        if act == "tanh_hardswish":
+            g = aten.hardswish_backward(g, t)
+        return aten.tanh_backward(g, t) if out is None else aten.tanh_backward.grad_input(g, t, grad_input=out)
+    if out is None:
+        if act == "silu":
+            return aten.silu_backward(g, n)
+        if act in ("gelu", "gelu_tanh"):
+            return aten.gelu_backward(g, n, approximate="tanh" if act == "gelu_tanh" else "none")
+        if act == "relu":
+            return aten.threshold_backward(g, n, 0)
         return aten.hardswish_backward(g, n)
-    if act == "tanh_hardswish":
-        t = torch.tanh(n)
-        return aten.tanh_backward(aten.hardswish_backward(g, t), t)
-    return g
+    if act == "silu":
+        return aten.silu_backward.grad_input(g, n, grad_input=out)
+    if act in ("gelu", "gelu_tanh"):
+        return aten.gelu_backward.grad_input(g, n, approximate="tanh" if act == "gelu_tanh" else "none",
+                                             grad_input=out)
+    if act == "relu":
+        return aten.threshold_backward.grad_input(g, n, 0, grad_input=out)
+    return aten.hardswish_backward.out(g, n, out=out)
 
 
 def _normalized(v, s, mean, rstd, weight, bias):
-    """GroupNorm(v) in float32 from mean/rstd, in v's shape (v float32)."""
+    """GroupNorm(v) in float32 from mean/rstd (v float32, any layout; the result in v's): v * a[n, c] + b[n, c], as
+    ATen's forward computes it, where that is exact enough (_ATEN_MAX_SHIFT); beyond it (v - mean) * a + beta, whose
+    error does not grow with the mean. A product and an in-place sum with (N, C, 1, ...) coefficients run ATen's
+    vectorized loops in either layout (addcmul, with two broadcast operands, does not: 2x slower)."""
     N, C, G, D, HxW = s
-    n = (v.reshape(N, G, D, HxW) - mean.view(N, G, 1, 1)) * rstd.view(N, G, 1, 1)
-    if weight is not None:
-        n = n * _param_grouped(weight, s)
-    if bias is not None:
-        n = n + _param_grouped(bias, s)
-    return n.view(v.shape)
+    shape = (N, C) + (1,) * (v.dim() - 2)
+    a = rstd.float().reshape(N, G, 1).expand(N, G, D)
+    a = (a if weight is None else a * weight.float().view(1, G, D)).reshape(shape)
+    mu = mean.float().reshape(N, G, 1).expand(N, G, D).reshape(shape)
+    beta = None if bias is None else bias.float().view((1, C) + shape[2:])
+    if _shift(mean, rstd) <= _ATEN_MAX_SHIFT:
+        return (v * a).add_(-mu * a if beta is None else beta - mu * a)
+    n = (v - mu).mul_(a)
+    return n if beta is None else n.add_(beta)
 
 
 _lib = torch.library.Library("gnext", "IMPL")  # kept alive with the module

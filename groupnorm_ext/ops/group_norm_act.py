@@ -41,9 +41,9 @@ def group_norm_act(input, num_groups, weight, bias, eps, activation, residual, i
     check_residual(op, input, residual)
     check_input_bias(op, input, input_bias)
     n, mean, rstd = group_norm_of_biased(op, input, num_groups, weight, bias, eps, input_bias)
-    out = apply_act(n, act)
+    out = apply_act(n, act, inplace=True)
     if residual is not None:
-        out = out + residual
+        out = out.add_(residual)
     return out.to(input.dtype).contiguous(memory_format=_memory_format(input)), mean, rstd
 
 
@@ -55,8 +55,8 @@ def group_norm_act_backward(grad_out, input, mean, rstd, weight, bias, num_group
         check_group_norm_args(op, input, num_groups, weight, bias)
     dn = grad_out
     if act != "identity" and input.numel() > 0:
-        n = _normalized(input.float().contiguous(), s, mean, rstd, weight, bias)
-        dn = act_backward(grad_out.float().contiguous(), n, act).to(input.dtype)
+        n = _normalized(input.float(), s, mean, rstd, weight, bias)  # in input's layout
+        dn = act_backward(grad_out.float(), n, act, out=n).to(input.dtype)
     return _group_norm_backward(op, dn, input, mean, rstd, weight, num_groups, output_mask)
 
 

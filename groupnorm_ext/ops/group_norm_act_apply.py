@@ -55,7 +55,7 @@ def _dy_act(op, grad_out, input, s, mean, rstd, weight, bias, activation):
     g = grad_out.float().reshape(N, G, D, HxW)
     if act != "identity":
         n = _normalized(input.float().contiguous(), s, mean, rstd, weight, bias).reshape(N, G, D, HxW)
-        g = act_backward(g.contiguous(), n, act)
+        g = act_backward(g.contiguous(), n, act, out=n)
     return g
 
 
@@ -65,9 +65,9 @@ def group_norm_act_apply(input, mean, rstd, num_groups, weight, bias, activation
     s = check_group_norm_args(op, input, num_groups, weight, bias)
     check_stats_args(op, s, input, mean, rstd)
     check_residual(op, input, residual)
-    out = apply_act(_normalized(input.float().contiguous(), s, mean, rstd, weight, bias), act)
+    out = apply_act(_normalized(input.float().contiguous(), s, mean, rstd, weight, bias), act, inplace=True)
     if residual is not None:
-        out = out + residual.float()
+        out = out.add_(residual)
     return out.to(input.dtype).contiguous(memory_format=_memory_format(input))
 
 

@@ -77,7 +77,7 @@ def group_norm_act_logsumexp_backward(grad_out, out, input, input_bias, mean, rs
     v = _biased_float(input, input_bias)
     r, n = _residual_act(v, s, mean, rstd, weight, bias, act, residual)
     dr = grad_out.float() * torch.exp(r - out.float())
-    dn = act_backward(dr, n, act)
+    dn = act_backward(dr, n, act, out=n)
     dv, dw, db = _group_norm_backward(op, dn, v, mean, rstd, _float_or_none(weight), num_groups,
                                       [output_mask[0] or output_mask[1], output_mask[2], output_mask[3]])
     dx = dib = None

@@ -94,7 +94,7 @@ def group_norm_act_pad(input, num_groups, weight, bias, eps, activation, pad, mo
     check_pad_args(op, input, pad, mode)
     check_input_bias(op, input, input_bias)
     n, mean, rstd = group_norm_of_biased(op, input, num_groups, weight, bias, eps, input_bias)
-    out = apply_act(n, act).to(input.dtype)
+    out = apply_act(n, act, inplace=True).to(input.dtype)
     return pad_output(out, [int(p) for p in pad], mode, value), mean, rstd
 
 
