@@ -324,33 +324,34 @@ def apply_act(n, act, inplace=False):
     return n
 
 
+_aten = torch.ops.aten
+# act -> (its derivative's op, the op's extra arguments): act_backward calls op(g, n, *args, **kwargs), or its out
+# overload (`out` for hardswish, `grad_input` for the others).
+_ACT_DERIVATIVES = {
+    "silu": (_aten.silu_backward, (), {}),
+    "gelu": (_aten.gelu_backward, (), {"approximate": "none"}),
+    "gelu_tanh": (_aten.gelu_backward, (), {"approximate": "tanh"}),
+    "relu": (_aten.threshold_backward, (0,), {}),
+    "hardswish": (_aten.hardswish_backward, (), {}),
+}
+
+
 def act_backward(g, n, act, out=None):
     """dL/dn from g = dL/d act(n): g itself for the identity; else into out where given (the CPU kernels pass n
     itself: each element of n is read before its own is written), or a new tensor."""
-    aten = torch.ops.aten
     if act == "identity":
         return g
     if act in ("tanh", "tanh_hardswish"):
         t = torch.tanh_(n) if out is n else torch.tanh(n)
         if act == "tanh_hardswish":
-            g = aten.hardswish_backward(g, t)
-        return aten.tanh_backward(g, t) if out is None else aten.tanh_backward.grad_input(g, t, grad_input=out)
+            g = _aten.hardswish_backward(g, t)
+        return _aten.tanh_backward(g, t) if out is None else _aten.tanh_backward.grad_input(g, t, grad_input=out)
+    op, args, kwargs = _ACT_DERIVATIVES[act]
     if out is None:
-        if act == "silu":
-            return aten.silu_backward(g, n)
-        if act in ("gelu", "gelu_tanh"):
-            return aten.gelu_backward(g, n, approximate="tanh" if act == "gelu_tanh" else "none")
-        if act == "relu":
-            return aten.threshold_backward(g, n, 0)
-        return aten.hardswish_backward(g, n)
-    if act == "silu":
-        return aten.silu_backward.grad_input(g, n, grad_input=out)
-    if act in ("gelu", "gelu_tanh"):
-        return aten.gelu_backward.grad_input(g, n, approximate="tanh" if act == "gelu_tanh" else "none",
-                                             grad_input=out)
-    if act == "relu":
-        return aten.threshold_backward.grad_input(g, n, 0, grad_input=out)
-    return aten.hardswish_backward.out(g, n, out=out)
+        return op(g, n, *args, **kwargs)
+    if act == "hardswish":
+        return op.out(g, n, *args, **kwargs, out=out)
+    return op.grad_input(g, n, *args, **kwargs, grad_input=out)
 
 
 def _normalized(v, s, mean, rstd, weight, bias):
